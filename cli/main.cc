@@ -1,0 +1,10 @@
+// wsync: the command-line entry point. Each subcommand lives in its own
+// file (cli/<name>_command.cc) and registers itself here.
+#include <CLI/CLI.hpp>
+
+int main(int argc, char** argv) {
+  CLI::App app{"wsync: RDMA weight synchronization for RL post-training"};
+  app.require_subcommand(1);
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}
