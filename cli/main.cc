@@ -1,10 +1,14 @@
 // wsync: the command-line entry point. Each subcommand lives in its own
-// file (cli/<name>_command.cc) and registers itself here.
+// file (cli/<name>_command.cc) and registers itself in cli/commands.h.
 #include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wsync: RDMA weight synchronization for RL post-training"};
   app.require_subcommand(1);
+  wsync::cli::AddPlanCommand(app);
+  wsync::cli::AddBenchCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }
