@@ -1,0 +1,258 @@
+#include "routing/plan_summary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+namespace wsync {
+namespace {
+
+uint64_t ShapeBytes(const Shape& shape, DType dtype) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n * static_cast<uint64_t>(DTypeSize(dtype));
+}
+
+Distribution Distribute(const std::vector<double>& values) {
+  Distribution d;
+  d.count = values.size();
+  if (values.empty()) return d;
+  d.min = *std::min_element(values.begin(), values.end());
+  d.max = *std::max_element(values.begin(), values.end());
+  double sum = 0;
+  for (double v : values) sum += v;
+  d.mean = sum / static_cast<double>(values.size());
+  return d;
+}
+
+// Bytes per second a NIC moves at `gbps` Gbit/s.
+double BytesPerSecond(double gbps) { return gbps * 1e9 / 8.0; }
+
+std::string Bytes(double b) {
+  char buf[64];
+  if (b >= 1e12) std::snprintf(buf, sizeof buf, "%.2f TB", b / 1e12);
+  else if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", b / 1e6);
+  else if (b >= 1e3) std::snprintf(buf, sizeof buf, "%.2f KB", b / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  if (s >= 1.0) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  return buf;
+}
+
+std::string DistText(const Distribution& d, bool bytes) {
+  auto f = [&](double v) { return bytes ? Bytes(v) : std::to_string(static_cast<uint64_t>(v)); };
+  char imb[32];
+  std::snprintf(imb, sizeof imb, "%.3f", d.imbalance());
+  return "min " + f(d.min) + "  mean " + f(d.mean) + "  max " + f(d.max) +
+         "  (max/mean " + imb + ", n=" + std::to_string(d.count) + ")";
+}
+
+nlohmann::json DistJson(const Distribution& d) {
+  return {{"min", d.min}, {"mean", d.mean}, {"max", d.max}, {"count", d.count},
+          {"imbalance", d.imbalance()}};
+}
+
+}  // namespace
+
+PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
+  PlanSummary s;
+  s.link = link;
+  s.trainer_ranks = static_cast<int32_t>(table.trainer_endpoints.size());
+  s.inference_ranks = static_cast<int32_t>(table.inference_endpoints.size());
+  s.source_tensors = static_cast<int32_t>(table.sources.size());
+  s.dest_tensors = static_cast<int32_t>(table.destinations.size());
+
+  for (const SourceTensor& src : table.sources) s.total_bytes += ShapeBytes(src.global_shape, src.dtype);
+  for (const DestTensor& d : table.destinations) {
+    s.dest_bytes += d.bytes + d.scale_bytes;
+    if (d.has_scale) ++s.dest_scales;
+  }
+
+  const size_t num_groups = table.mesh_groups.size();
+  const size_t nt = table.trainer_endpoints.size();
+  // NIC ids: one per distinct (host, nic) on each side.
+  auto nic_ids = [](const std::vector<Endpoint>& eps, std::vector<int32_t>* of_rank) {
+    std::map<std::pair<std::string, int32_t>, int32_t> ids;
+    of_rank->resize(eps.size());
+    for (size_t r = 0; r < eps.size(); ++r) {
+      auto [it, inserted] = ids.emplace(std::make_pair(eps[r].host, eps[r].nic),
+                                        static_cast<int32_t>(ids.size()));
+      (*of_rank)[r] = it->second;
+    }
+    return ids.size();
+  };
+  std::vector<int32_t> tnic_of, inic_of;
+  const size_t num_tnics = nic_ids(table.trainer_endpoints, &tnic_of);
+  const size_t num_inics = nic_ids(table.inference_endpoints, &inic_of);
+
+  std::vector<double> sent(nt, 0), writes(nt, 0), tnic(num_tnics, 0), inic(num_inics, 0);
+  // Per group: bytes per rank, writes per rank, bytes per trainer NIC.
+  std::vector<std::vector<double>> g_sent(num_groups, std::vector<double>(nt, 0));
+  std::vector<std::vector<double>> g_writes(num_groups, std::vector<double>(nt, 0));
+  std::vector<std::vector<double>> g_tnic(num_groups, std::vector<double>(num_tnics, 0));
+  for (const WriteOp& op : table.ops) {
+    const double b = static_cast<double>(op.bytes);
+    s.wire_bytes += op.bytes;
+    ++s.writes;
+    sent[op.src_rank] += b;
+    writes[op.src_rank] += 1;
+    tnic[tnic_of[op.src_rank]] += b;
+    inic[inic_of[op.dst_rank]] += b;
+    g_sent[op.mesh_group][op.src_rank] += b;
+    g_writes[op.mesh_group][op.src_rank] += 1;
+    g_tnic[op.mesh_group][tnic_of[op.src_rank]] += b;
+  }
+  s.sender_bytes = Distribute(sent);
+  s.writes_per_sender = Distribute(writes);
+  s.sender_nic_bytes = Distribute(tnic);
+  s.receiver_nic_bytes = Distribute(inic);
+
+  // full_tensor volume per rank and group: a holder of `box` among k holders
+  // of the same box receives (k-1)/k of it in the all-gather.
+  std::vector<std::vector<double>> g_gather(num_groups, std::vector<double>(nt, 0));
+  std::vector<std::vector<double>> g_calls(num_groups, std::vector<double>(nt, 0));
+  std::vector<int32_t> g_sources(num_groups, 0);
+  std::vector<uint64_t> g_stored(num_groups, 0);
+  for (const SourceTensor& src : table.sources) {
+    if (src.mesh_group < 0 || static_cast<size_t>(src.mesh_group) >= num_groups) continue;
+    ++g_sources[src.mesh_group];
+    g_stored[src.mesh_group] += ShapeBytes(src.global_shape, src.dtype);
+    std::map<std::vector<int64_t>, int32_t> same_box;
+    auto key = [](const Box& b) {
+      std::vector<int64_t> k(b.offset.begin(), b.offset.begin() + b.ndim);
+      k.insert(k.end(), b.size.begin(), b.size.begin() + b.ndim);
+      return k;
+    };
+    for (const auto& h : src.holders) ++same_box[key(h.box)];
+    for (const auto& h : src.holders) {
+      const double k = same_box[key(h.box)];
+      const double bytes = static_cast<double>(h.box.NumElements()) * DTypeSize(src.dtype);
+      g_gather[src.mesh_group][h.rank] += bytes * (k - 1) / k;
+      g_calls[src.mesh_group][h.rank] += 1;
+    }
+  }
+
+  const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
+  const double ag_bps = BytesPerSecond(link.allgather_gbps);
+  std::vector<double> rank_path(nt, 0);
+  for (size_t g = 0; g < num_groups; ++g) {
+    MeshGroupSummary m;
+    m.name = table.mesh_groups[g].name;
+    m.ranks = static_cast<int32_t>(table.mesh_groups[g].ranks.size());
+    m.sources = g_sources[g];
+    m.stored_bytes = g_stored[g];
+    std::vector<double> rank_bytes;
+    for (int32_t r : table.mesh_groups[g].ranks) {
+      rank_bytes.push_back(g_sent[g][r]);
+      m.wire_bytes += static_cast<uint64_t>(g_sent[g][r]);
+      m.writes += static_cast<uint64_t>(g_writes[g][r]);
+      const double ag = g_gather[g][r] / ag_bps + g_calls[g][r] * link.allgather_call_us * 1e-6;
+      const double wr = g_tnic[g][tnic_of[r]] / nic_bps + g_writes[g][r] * link.per_write_us * 1e-6;
+      // Pipelined: the slower stage dominates; the faster one adds its first
+      // tensor's share as pipeline fill.
+      const double calls = std::max(1.0, g_calls[g][r]);
+      const double t = std::max(ag, wr) + std::min(ag, wr) / calls;
+      m.allgather_seconds = std::max(m.allgather_seconds, ag);
+      m.write_seconds = std::max(m.write_seconds, wr);
+      m.seconds = std::max(m.seconds, t);
+    }
+    m.seconds += link.barrier_us * 1e-6;
+    m.sender_bytes = Distribute(rank_bytes);
+    // The barrier makes every rank of the group wait for the slowest one;
+    // groups with disjoint ranks (different PP stages) run side by side.
+    for (int32_t r : table.mesh_groups[g].ranks) rank_path[r] += m.seconds;
+    s.mesh_groups.push_back(std::move(m));
+  }
+  s.sender_bound_seconds = rank_path.empty() ? 0 : *std::max_element(rank_path.begin(), rank_path.end());
+  s.receiver_bound_seconds = s.receiver_nic_bytes.max / nic_bps;
+  s.wire_limit_seconds = std::max(s.sender_nic_bytes.max, s.receiver_nic_bytes.max) /
+                         BytesPerSecond(link.nic_gbps);
+  s.predicted_seconds = std::max(s.sender_bound_seconds, s.receiver_bound_seconds);
+  return s;
+}
+
+std::string FormatSummaryText(const PlanSummary& s) {
+  std::ostringstream o;
+  o << "plan: " << s.trainer_ranks << " trainer ranks -> " << s.inference_ranks << " inference ranks\n";
+  o << "  tensors      " << s.source_tensors << " trainer tensors -> " << s.dest_tensors
+    << " engine tensors (+" << s.dest_scales << " fp8 scale tensors)\n";
+  o << "  bytes        stored on trainers " << Bytes(s.total_bytes) << ", held by inference "
+    << Bytes(s.dest_bytes) << ", on the wire " << Bytes(s.wire_bytes) << "\n";
+  o << "  writes       " << s.writes << " (per sender: " << DistText(s.writes_per_sender, false) << ")\n";
+  o << "  sender rank  " << DistText(s.sender_bytes, true) << "\n";
+  o << "  sender NIC   " << DistText(s.sender_nic_bytes, true) << "\n";
+  o << "  receiver NIC " << DistText(s.receiver_nic_bytes, true) << "\n";
+  o << "  mesh groups (in order):\n";
+  for (const MeshGroupSummary& m : s.mesh_groups) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "    %-16s %4d ranks %6d tensors  stored %-10s wire %-10s writes %-8llu "
+                  "max/mean %.3f  all-gather %s  write %s  => %s\n",
+                  m.name.c_str(), m.ranks, m.sources, Bytes(m.stored_bytes).c_str(),
+                  Bytes(m.wire_bytes).c_str(), static_cast<unsigned long long>(m.writes),
+                  m.sender_bytes.imbalance(), Seconds(m.allgather_seconds).c_str(),
+                  Seconds(m.write_seconds).c_str(), Seconds(m.seconds).c_str());
+    o << line;
+  }
+  const LinkModel& l = s.link;
+  o << "  predicted update time " << Seconds(s.predicted_seconds) << " = max(sender path "
+    << Seconds(s.sender_bound_seconds) << ", busiest receiver NIC " << Seconds(s.receiver_bound_seconds)
+    << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
+  o << "  link model: NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
+    << "% efficiency per direction; " << l.per_write_us << " us to post a write; full_tensor at "
+    << l.allgather_gbps << " Gbit/s per rank + " << l.allgather_call_us << " us per call; "
+    << l.barrier_us << " us per MeshGroup barrier; all-gather and writes pipelined inside a "
+    << "MeshGroup, MeshGroups of one rank in sequence, disjoint MeshGroups in parallel\n";
+  return o.str();
+}
+
+std::string FormatSummaryJson(const PlanSummary& s) {
+  nlohmann::json j;
+  j["trainer_ranks"] = s.trainer_ranks;
+  j["inference_ranks"] = s.inference_ranks;
+  j["source_tensors"] = s.source_tensors;
+  j["dest_tensors"] = s.dest_tensors;
+  j["dest_scales"] = s.dest_scales;
+  j["total_bytes"] = s.total_bytes;
+  j["dest_bytes"] = s.dest_bytes;
+  j["wire_bytes"] = s.wire_bytes;
+  j["writes"] = s.writes;
+  j["max_sender_bytes"] = s.sender_bytes.max;
+  j["mean_sender_bytes"] = s.sender_bytes.mean;
+  j["sender_bytes"] = DistJson(s.sender_bytes);
+  j["sender_nic_bytes"] = DistJson(s.sender_nic_bytes);
+  j["receiver_nic_bytes"] = DistJson(s.receiver_nic_bytes);
+  j["writes_per_sender"] = DistJson(s.writes_per_sender);
+  nlohmann::json groups = nlohmann::json::array();
+  for (const MeshGroupSummary& m : s.mesh_groups) {
+    groups.push_back({{"name", m.name}, {"ranks", m.ranks}, {"tensors", m.sources},
+                      {"stored_bytes", m.stored_bytes}, {"wire_bytes", m.wire_bytes},
+                      {"writes", m.writes}, {"sender_bytes", DistJson(m.sender_bytes)},
+                      {"allgather_seconds", m.allgather_seconds},
+                      {"write_seconds", m.write_seconds}, {"seconds", m.seconds}});
+  }
+  j["mesh_groups"] = groups;
+  j["predicted_seconds"] = s.predicted_seconds;
+  j["sender_bound_seconds"] = s.sender_bound_seconds;
+  j["receiver_bound_seconds"] = s.receiver_bound_seconds;
+  j["wire_limit_seconds"] = s.wire_limit_seconds;
+  j["link_model"] = {{"nic_gbps", s.link.nic_gbps}, {"nic_efficiency", s.link.nic_efficiency},
+                     {"per_write_us", s.link.per_write_us},
+                     {"allgather_gbps", s.link.allgather_gbps},
+                     {"allgather_call_us", s.link.allgather_call_us},
+                     {"barrier_us", s.link.barrier_us}};
+  return j.dump(2);
+}
+
+}  // namespace wsync

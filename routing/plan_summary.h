@@ -1,0 +1,80 @@
+// Plan summary and update-time prediction for a RoutingTable.
+//
+// Called by `wsync plan` (text and JSON output), `wsync bench plan`, and
+// later by the controller's /v1/status. Pure arithmetic over the table: no
+// I/O. The link model is deliberately simple and printed with every
+// prediction so a reader can check each assumption.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "routing/routing_table.h"
+
+namespace wsync {
+
+// Assumptions behind a predicted update time. Defaults describe the
+// reference cluster (one 400 Gbit/s NIC per GPU, NVLink inside a node).
+struct LinkModel {
+  double nic_gbps = 400.0;          // per NIC, each direction (Gbit/s)
+  double nic_efficiency = 0.9;      // fraction of line rate a large write reaches
+  double per_write_us = 1.0;        // sender CPU cost to post one write
+  double allgather_gbps = 400.0;    // per-rank receive bandwidth of full_tensor (Gbit/s)
+  double allgather_call_us = 150.0; // fixed cost of one full_tensor call (launch + sync)
+  double barrier_us = 200.0;        // one Gloo barrier between MeshGroups
+};
+
+struct Distribution {
+  double min = 0, mean = 0, max = 0;
+  uint64_t count = 0;           // how many entities (ranks, NICs)
+  double imbalance() const { return mean > 0 ? max / mean : 0; }  // max / mean
+};
+
+struct MeshGroupSummary {
+  std::string name;
+  int32_t ranks = 0;
+  int32_t sources = 0;          // trainer tensors in the group
+  uint64_t stored_bytes = 0;    // trainer bytes of those tensors
+  uint64_t wire_bytes = 0;
+  uint64_t writes = 0;
+  Distribution sender_bytes;    // over the group's ranks
+  double allgather_seconds = 0; // predicted per rank
+  double write_seconds = 0;     // predicted: busiest sender NIC, write posting
+  double seconds = 0;           // predicted, pipelined: max of the two + fill
+};
+
+struct PlanSummary {
+  int32_t trainer_ranks = 0;
+  int32_t inference_ranks = 0;
+  int32_t source_tensors = 0;
+  int32_t dest_tensors = 0;       // destination tensors (scales counted separately)
+  int32_t dest_scales = 0;
+  uint64_t total_bytes = 0;       // model as stored on the trainers
+  uint64_t dest_bytes = 0;        // bytes all inference ranks hold (weights + scales)
+  uint64_t wire_bytes = 0;        // bytes written over the network per update
+  uint64_t writes = 0;
+  Distribution sender_bytes;      // per trainer rank
+  Distribution sender_nic_bytes;  // per trainer (host, nic)
+  Distribution receiver_nic_bytes;  // per inference (host, nic)
+  Distribution writes_per_sender;
+  std::vector<MeshGroupSummary> mesh_groups;
+
+  LinkModel link;
+  double predicted_seconds = 0;
+  double sender_bound_seconds = 0;    // slowest rank through its MeshGroups
+  double receiver_bound_seconds = 0;  // busiest inference NIC at line rate
+  double wire_limit_seconds = 0;      // busiest NIC (either side), bytes only
+};
+
+PlanSummary Summarize(const RoutingTable& table, const LinkModel& link);
+
+// Human-readable report (several lines) and the JSON form (--format json).
+std::string FormatSummaryText(const PlanSummary& s);
+std::string FormatSummaryJson(const PlanSummary& s);
+
+// SVG heatmap of bytes from every trainer rank (rows) to every inference
+// rank (columns).
+std::string RenderTrafficHeatmapSvg(const RoutingTable& table);
+
+}  // namespace wsync
