@@ -1,0 +1,303 @@
+#include "routing/rank_plan.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "routing/chunking.h"
+
+namespace wsync {
+namespace {
+
+Box BoxFromRanges(const std::vector<Range>& ranges) {
+  Box b;
+  b.ndim = static_cast<int8_t>(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    b.offset[i] = ranges[i].offset;
+    b.size[i] = ranges[i].size;
+  }
+  return b;
+}
+
+const MeshCoord* FindMesh(const TrainerRank& r, const std::string& mesh) {
+  for (const MeshCoord& m : r.meshes) {
+    if (m.mesh == mesh) return &m;
+  }
+  return nullptr;
+}
+
+// Row-major index of a coordinate in a mesh.
+int64_t Linear(const Shape& shape, const std::vector<int64_t>& coord) {
+  int64_t idx = 0;
+  for (size_t i = 0; i < shape.size(); ++i) idx = idx * shape[i] + coord[i];
+  return idx;
+}
+
+nlohmann::json BoxJson(const Box& b) {
+  return {std::vector<int64_t>(b.offset.begin(), b.offset.begin() + b.ndim),
+          std::vector<int64_t>(b.size.begin(), b.size.begin() + b.ndim)};
+}
+
+StatusOr<Box> ParseBox(const nlohmann::json& j) {
+  if (!j.is_array() || j.size() != 2 || !j[0].is_array() || j[0].size() != j[1].size() ||
+      j[0].size() > static_cast<size_t>(kMaxDims)) {
+    return InvalidArgument("rank plan: malformed box " + j.dump());
+  }
+  Box b;
+  b.ndim = static_cast<int8_t>(j[0].size());
+  for (int i = 0; i < b.ndim; ++i) {
+    b.offset[i] = j[0][i].get<int64_t>();
+    b.size[i] = j[1][i].get<int64_t>();
+  }
+  return b;
+}
+
+DType DTypeOr(const std::string& s) { return ParseDType(s).value_or(DType::kBF16); }
+
+}  // namespace
+
+StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
+                                                 const InferenceSpec& inference, int32_t rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= trainer.ranks.size()) {
+    return NotFound("trainer rank " + std::to_string(rank) + " is not in the plan (world of " +
+                    std::to_string(trainer.ranks.size()) + ")");
+  }
+  const TrainerRank& me = trainer.ranks[rank];
+  TrainerRankPlan plan;
+  plan.rank = rank;
+  plan.world = static_cast<int32_t>(trainer.ranks.size());
+
+  std::unordered_map<std::string, const TrainerParam*> my_params;
+  for (const TrainerParam& p : me.params) my_params.emplace(p.name, &p);
+  std::unordered_map<std::string, const MeshGroupSpec*> group_specs;
+  for (const MeshGroupSpec& g : trainer.mesh_groups) group_specs.emplace(g.name, &g);
+
+  // This rank's writes, by source.
+  std::unordered_map<int32_t, std::vector<const WriteOp*>> ops_by_source;
+  for (const WriteOp& op : table.ops) {
+    if (op.src_rank == rank) ops_by_source[op.src].push_back(&op);
+  }
+
+  // rank-of-coordinate for each mesh this rank is in.
+  std::unordered_map<std::string, std::vector<int32_t>> mesh_ranks;
+  for (const MeshCoord& mine : me.meshes) {
+    int64_t n = 1;
+    for (int64_t d : mine.shape) n *= d;
+    std::vector<int32_t> ranks(static_cast<size_t>(n), -1);
+    for (const TrainerRank& r : trainer.ranks) {
+      if (const MeshCoord* m = FindMesh(r, mine.mesh)) ranks[Linear(mine.shape, m->coord)] = r.rank;
+    }
+    mesh_ranks.emplace(mine.mesh, std::move(ranks));
+  }
+
+  std::set<int32_t> peers;
+  for (size_t g = 0; g < table.mesh_groups.size(); ++g) {
+    const MeshGroupInfo& info = table.mesh_groups[g];
+    if (std::find(info.ranks.begin(), info.ranks.end(), rank) == info.ranks.end()) continue;
+    auto spec_it = group_specs.find(info.name);
+    if (spec_it == group_specs.end()) return Internal("mesh group '" + info.name + "' missing from trainer spec");
+    const MeshGroupSpec& spec = *spec_it->second;
+    const MeshCoord* coord = FindMesh(me, spec.mesh);
+    if (coord == nullptr) return Internal("rank " + std::to_string(rank) + " lacks mesh '" + spec.mesh + "'");
+    std::vector<bool> gathered(coord->shape.size(), false);
+    for (size_t k = 0; k < coord->dim_names.size(); ++k) {
+      gathered[k] = std::find(spec.gather_dims.begin(), spec.gather_dims.end(), coord->dim_names[k]) !=
+                    spec.gather_dims.end();
+    }
+
+    RankMeshGroup group;
+    group.name = info.name;
+    group.ranks = info.ranks;
+    for (size_t s = 0; s < table.sources.size(); ++s) {
+      const SourceTensor& src = table.sources[s];
+      if (src.mesh_group != static_cast<int32_t>(g)) continue;
+      auto p = my_params.find(src.name);
+      if (p == my_params.end()) {
+        return Internal("rank " + std::to_string(rank) + " does not hold '" + src.name + "'");
+      }
+      const TrainerParam& param = *p->second;
+      RankSource rs;
+      rs.name = src.name;
+      rs.global_shape = src.global_shape;
+      rs.dtype = src.dtype;
+      std::vector<Range> ranges;
+      LocalShard(param.global_shape, coord->shape, coord->coord, param.placements, &ranges);
+      rs.local = BoxFromRanges(ranges);
+      int bad_dim = -1;
+      if (!HeldShard(param.global_shape, coord->shape, coord->coord, param.placements, gathered, &ranges,
+                     &bad_dim)) {
+        return InvalidArgument("tensor '" + src.name + "': unsharding over " + info.name +
+                               " does not give one box on dim " + std::to_string(bad_dim));
+      }
+      rs.held = BoxFromRanges(ranges);
+      // The one gathered mesh dim that shards this tensor, if any.
+      int32_t mesh_dim = -1;
+      for (size_t k = 0; k < param.placements.size(); ++k) {
+        if (!gathered[k] || param.placements[k].kind != Placement::Kind::kShard) continue;
+        if (mesh_dim >= 0) {
+          return InvalidArgument("tensor '" + src.name + "' is sharded on two gathered mesh dims of " +
+                                 info.name + " (" + coord->dim_names[mesh_dim] + ", " + coord->dim_names[k] +
+                                 "); the pipeline all-gathers along one");
+        }
+        mesh_dim = static_cast<int32_t>(k);
+      }
+      if (mesh_dim >= 0) {
+        rs.gather_dim = param.placements[mesh_dim].dim;
+        const std::vector<int32_t>& ranks = mesh_ranks[spec.mesh];
+        std::vector<int64_t> c = coord->coord;
+        for (int64_t i = 0; i < coord->shape[mesh_dim]; ++i) {
+          c[mesh_dim] = i;
+          rs.gather_ranks.push_back(ranks[Linear(coord->shape, c)]);
+        }
+      }
+      for (const WriteOp* op : ops_by_source[static_cast<int32_t>(s)]) {
+        const DestTensor& dst = table.destinations[op->dst];
+        RankWrite w;
+        w.dst_rank = op->dst_rank;
+        w.kind = op->kind;
+        w.dst_dtype = op->kind == WriteKind::kScale ? DType::kFP32 : dst.dtype;
+        w.src_box = op->src_box;
+        w.region = op->kind == WriteKind::kScale ? dst.scale_where.region : dst.where.region;
+        w.region_offset = (op->kind == WriteKind::kScale ? dst.scale_where.offset : dst.where.offset) + op->dst_offset;
+        w.bytes = op->bytes;
+        w.dst_name = op->kind == WriteKind::kScale ? dst.scale_name : dst.name;
+        if (w.kind == WriteKind::kWeight && w.dst_dtype == DType::kFP8E4M3) {
+          const int n = rs.held.ndim;
+          if (n < 2 || rs.held.size[n - 1] != src.global_shape[n - 1] ||
+              rs.held.size[n - 2] != src.global_shape[n - 2]) {
+            return InvalidArgument("tensor '" + src.name +
+                                   "': fp8 blocks need the whole last two dims after unshard, but rank " +
+                                   std::to_string(rank) + " holds only part of them");
+          }
+        }
+        plan.write_bytes += w.bytes;
+        ++plan.writes;
+        peers.insert(w.dst_rank);
+        rs.writes.push_back(std::move(w));
+      }
+      group.sources.push_back(std::move(rs));
+    }
+    plan.groups.push_back(std::move(group));
+  }
+  for (int32_t r : peers) {
+    const InferenceRank& ir = inference.ranks[r];
+    InferencePeer peer;
+    peer.rank = r;
+    peer.host = ir.host;
+    for (const MemoryRegion& region : ir.regions) peer.region_descriptors[region.id] = region.descriptor;
+    plan.peers.push_back(std::move(peer));
+  }
+  return plan;
+}
+
+InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank) {
+  InferenceRankPlan plan;
+  plan.rank = rank;
+  for (const WriteOp& op : table.ops) {
+    if (op.dst_rank != rank) continue;
+    plan.write_bytes.push_back(op.bytes);
+    plan.bytes += op.bytes;
+  }
+  return plan;
+}
+
+nlohmann::json ToJson(const TrainerRankPlan& plan) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const RankMeshGroup& g : plan.groups) {
+    nlohmann::json sources = nlohmann::json::array();
+    for (const RankSource& s : g.sources) {
+      nlohmann::json writes = nlohmann::json::array();
+      for (const RankWrite& w : s.writes) {
+        writes.push_back({w.dst_rank, w.kind == WriteKind::kScale ? "s" : "w", DTypeName(w.dst_dtype),
+                          BoxJson(w.src_box), w.region, w.region_offset, w.bytes, w.dst_name});
+      }
+      sources.push_back({{"name", s.name}, {"global_shape", s.global_shape}, {"dtype", DTypeName(s.dtype)},
+                         {"local", BoxJson(s.local)}, {"held", BoxJson(s.held)},
+                         {"gather_dim", s.gather_dim}, {"gather_ranks", s.gather_ranks},
+                         {"block", {s.block_rows, s.block_cols}}, {"writes", writes}});
+    }
+    groups.push_back({{"name", g.name}, {"ranks", g.ranks}, {"sources", sources}});
+  }
+  nlohmann::json peers = nlohmann::json::array();
+  for (const InferencePeer& p : plan.peers) {
+    peers.push_back({{"rank", p.rank}, {"host", p.host}, {"regions", p.region_descriptors}});
+  }
+  return {{"schema", "wsync.trainer_rank_plan/v1"}, {"rank", plan.rank}, {"world", plan.world},
+          {"groups", groups}, {"peers", peers}, {"write_bytes", plan.write_bytes}, {"writes", plan.writes}};
+}
+
+nlohmann::json ToJson(const InferenceRankPlan& plan) {
+  return {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank},
+          {"write_bytes", plan.write_bytes}, {"bytes", plan.bytes}};
+}
+
+StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
+  try {
+    if (j.value("schema", "") != "wsync.trainer_rank_plan/v1") {
+      return InvalidArgument("rank plan: expected schema wsync.trainer_rank_plan/v1");
+    }
+    TrainerRankPlan plan;
+    plan.rank = j.at("rank").get<int32_t>();
+    plan.world = j.at("world").get<int32_t>();
+    plan.write_bytes = j.at("write_bytes").get<uint64_t>();
+    plan.writes = j.at("writes").get<uint64_t>();
+    for (const auto& gj : j.at("groups")) {
+      RankMeshGroup g;
+      g.name = gj.at("name").get<std::string>();
+      g.ranks = gj.at("ranks").get<std::vector<int32_t>>();
+      for (const auto& sj : gj.at("sources")) {
+        RankSource s;
+        s.name = sj.at("name").get<std::string>();
+        s.global_shape = sj.at("global_shape").get<Shape>();
+        s.dtype = DTypeOr(sj.at("dtype").get<std::string>());
+        WSYNC_ASSIGN_OR_RETURN(s.local, ParseBox(sj.at("local")));
+        WSYNC_ASSIGN_OR_RETURN(s.held, ParseBox(sj.at("held")));
+        s.gather_dim = sj.at("gather_dim").get<int32_t>();
+        s.gather_ranks = sj.at("gather_ranks").get<std::vector<int32_t>>();
+        s.block_rows = sj.at("block")[0].get<int64_t>();
+        s.block_cols = sj.at("block")[1].get<int64_t>();
+        for (const auto& wj : sj.at("writes")) {
+          RankWrite w;
+          w.dst_rank = wj[0].get<int32_t>();
+          w.kind = wj[1].get<std::string>() == "s" ? WriteKind::kScale : WriteKind::kWeight;
+          w.dst_dtype = DTypeOr(wj[2].get<std::string>());
+          WSYNC_ASSIGN_OR_RETURN(w.src_box, ParseBox(wj[3]));
+          w.region = wj[4].get<std::string>();
+          w.region_offset = wj[5].get<uint64_t>();
+          w.bytes = wj[6].get<uint64_t>();
+          w.dst_name = wj[7].get<std::string>();
+          s.writes.push_back(std::move(w));
+        }
+        g.sources.push_back(std::move(s));
+      }
+      plan.groups.push_back(std::move(g));
+    }
+    for (const auto& pj : j.at("peers")) {
+      InferencePeer p;
+      p.rank = pj.at("rank").get<int32_t>();
+      p.host = pj.at("host").get<std::string>();
+      p.region_descriptors = pj.at("regions").get<std::map<std::string, std::string>>();
+      plan.peers.push_back(std::move(p));
+    }
+    return plan;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("rank plan: malformed: ") + e.what());
+  }
+}
+
+StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j) {
+  try {
+    if (j.value("schema", "") != "wsync.inference_rank_plan/v1") {
+      return InvalidArgument("rank plan: expected schema wsync.inference_rank_plan/v1");
+    }
+    InferenceRankPlan plan;
+    plan.rank = j.at("rank").get<int32_t>();
+    plan.write_bytes = j.at("write_bytes").get<std::vector<uint64_t>>();
+    plan.bytes = j.at("bytes").get<uint64_t>();
+    return plan;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("rank plan: malformed: ") + e.what());
+  }
+}
+
+}  // namespace wsync

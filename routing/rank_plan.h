@@ -1,0 +1,90 @@
+// One rank's share of the routing table, self-contained, as the controller
+// hands it to an agent (JSON over HTTP) and the agent executes it.
+//
+// A trainer rank gets every source tensor of every MeshGroup it belongs to
+// (it must take part in each all-gather even where it writes nothing), with
+// the all-gather group for it and the writes it issues; an inference rank
+// gets the sizes of the writes it will receive, from which it computes how
+// many immediates one version produces.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "routing/metadata.h"
+#include "routing/routing_table.h"
+
+namespace wsync {
+
+// One WriteOp, resolved to where its bytes land in the receiver's memory.
+struct RankWrite {
+  int32_t dst_rank = -1;
+  WriteKind kind = WriteKind::kWeight;
+  DType dst_dtype = DType::kBF16;  // fp32 for kScale
+  Box src_box;                     // source element grid, or block grid for kScale
+  std::string region;              // region id on dst_rank
+  uint64_t region_offset = 0;      // bytes from the region start
+  uint64_t bytes = 0;
+  std::string dst_name;            // engine tensor name, for error messages
+};
+
+struct RankSource {
+  std::string name;
+  Shape global_shape;
+  DType dtype = DType::kBF16;
+  Box local;                         // this rank's shard before unshard
+  Box held;                          // what it holds after unshard
+  int32_t gather_dim = -1;           // tensor dim all-gathered; -1: nothing to gather
+  std::vector<int32_t> gather_ranks; // the all-gather group, in chunk order
+  int64_t block_rows = 128;          // fp8 block size, for kScale writes and quantize
+  int64_t block_cols = 128;
+  std::vector<RankWrite> writes;
+};
+
+struct RankMeshGroup {
+  std::string name;
+  std::vector<int32_t> ranks;         // every trainer rank of the group
+  std::vector<RankSource> sources;    // same order on every rank of the group
+};
+
+// What a trainer needs to reach one inference rank: its transport address
+// travels inside the region descriptors.
+struct InferencePeer {
+  int32_t rank = -1;
+  std::string host;
+  std::map<std::string, std::string> region_descriptors;  // region id -> descriptor
+};
+
+struct TrainerRankPlan {
+  int32_t rank = -1;
+  int32_t world = 0;                  // trainer ranks
+  std::vector<RankMeshGroup> groups;  // execution order, only groups with this rank
+  std::vector<InferencePeer> peers;   // inference ranks this rank writes to
+  uint64_t write_bytes = 0;
+  uint64_t writes = 0;
+};
+
+struct InferenceRankPlan {
+  int32_t rank = -1;
+  std::vector<uint64_t> write_bytes;  // size of every write this rank receives
+  uint64_t bytes = 0;
+};
+
+// Extracts rank `rank`'s plan. Fails (one line naming the tensor) if a
+// source needs an all-gather this pipeline cannot do (Shard placements on two
+// gathered mesh dims) or is fp8-quantized without holding whole 2-D blocks.
+StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
+                                                 const InferenceSpec& inference, int32_t rank);
+InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank);
+
+nlohmann::json ToJson(const TrainerRankPlan& plan);
+nlohmann::json ToJson(const InferenceRankPlan& plan);
+StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j);
+StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j);
+
+}  // namespace wsync
