@@ -295,12 +295,13 @@ Status GlooGroup::CheckUsable(const char* call) const {
   if (broken_) {
     return FailedPrecondition("gloo " + std::string(call) + " (group '" + name_ + "' rank " +
                               std::to_string(rank_) +
-                              "): an earlier collective failed; recreate the group");
+                              "): an earlier collective failed; create a new group under a new name "
+                              "(keys of the old one stay in the store)");
   }
   return Status::Ok();
 }
 
-Status GlooGroup::FailFrom(const char* call, const Status& error) {
+Status GlooGroup::Poison(const Status& error) {
   broken_ = true;
   return error;
 }
@@ -315,7 +316,7 @@ Status GlooGroup::Barrier() {
     opts.setTimeout(timeout_);
     ::gloo::barrier(opts);
   });
-  if (!s.ok()) return FailFrom("barrier", s);
+  if (!s.ok()) return Poison(s);
   return Status::Ok();
 }
 
@@ -358,7 +359,8 @@ Status GlooGroup::AllGatherShards(const void* shard, void* full,
     staging_.resize(static_cast<size_t>(total_bytes));
     gathered = staging_.data();
   }
-  if (counts[rank_] > 0) std::memcpy(gathered + offsets[rank_], shard, counts[rank_]);
+  // memmove: a caller may gather in place, with its shard already inside `full`.
+  if (counts[rank_] > 0) std::memmove(gathered + offsets[rank_], shard, counts[rank_]);
 
   if (context_ != nullptr) {
     Status s = CallGloo(what, timeout_, [&] {
@@ -367,7 +369,7 @@ Status GlooGroup::AllGatherShards(const void* shard, void* full,
       opts.setTimeout(timeout_);
       ::gloo::allgatherv(opts);
     });
-    if (!s.ok()) return FailFrom("allgatherv", s);
+    if (!s.ok()) return Poison(s);
   }
 
   if (outer > 1) {

@@ -103,8 +103,10 @@ class GlooGroup {
   // holds TorchChunk(full_shape[dim], size(), r) of that dim (all other dims
   // whole), row-major contiguous at `shard` (may be null when empty). Writes
   // the whole tensor, row-major contiguous, to `full`, which must hold
-  // prod(full_shape) elements of `dtype`. Every rank passes the same
-  // full_shape, dim and dtype.
+  // prod(full_shape) elements of `dtype`. `shard` may lie inside `full` (it
+  // is read before `full` is written). Every rank passes the same
+  // full_shape, dim and dtype. To gather over several mesh dims (HSDP), call
+  // once per dim on that dim's group.
   Status AllGatherShards(const void* shard, void* full, std::span<const int64_t> full_shape,
                          int dim, DType dtype);
 
@@ -112,7 +114,8 @@ class GlooGroup {
   GlooGroup(std::string name, int rank, int size, std::chrono::milliseconds timeout,
             std::shared_ptr<gloo::Context> context);
   Status CheckUsable(const char* call) const;
-  Status FailFrom(const char* call, const Status& error);
+  // Marks the group unusable and returns `error`.
+  Status Poison(const Status& error);
 
   std::string name_;
   int rank_ = 0;

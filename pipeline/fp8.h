@@ -29,7 +29,8 @@
 //    and dequantization is e4m3_to_fp32(q) * scale_inv in fp32 (DeepSeek-V3
 //    weight_dequant). The GPU kernel must use correctly rounded division
 //    (__fdiv_rn, not --use_fast_math) and must not flush subnormals: a block
-//    with a tiny amax has a subnormal scale_inv.
+//    with a tiny amax has a subnormal scale_inv, whose reciprocal overflows
+//    fp32, so x * (1 / scale_inv) would saturate the whole block.
 //  - An all-zero block (amax == 0) gets scale_inv = 1.0f, so q = e4m3(x) =
 //    +-0 and dequantization gives 0. DeepSeek's act_quant would divide 0/0
 //    there; vLLM/DeepGEMM's per_block_cast_to_fp8 clamps amax to >= 1e-4,

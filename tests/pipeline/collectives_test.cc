@@ -68,6 +68,12 @@ void RunRanks(int size, const std::function<void(int)>& fn) {
   for (auto& t : threads) t.join();
 }
 
+std::string MakeTempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "wsync-gloo-XXXXXX").string();
+  char* dir = mkdtemp(tmpl.data());
+  return dir ? std::string(dir) : std::string();
+}
+
 TEST(TorchChunkTest, MatchesTorchChunkIncludingEmptyTrailingShards) {
   auto sizes = [](int64_t n, int64_t k) {
     std::vector<int64_t> s;
@@ -178,6 +184,36 @@ TEST(GlooGroupTest, PeerThatNeverArrivesIsDeadlineExceeded) {
   EXPECT_LT(elapsed, milliseconds(5000));
 }
 
+TEST(GlooGroupTest, PeerThatNeverArrivesAtAFileStoreIsDeadlineExceeded) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  auto store = MakeFileRendezvousStore(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const auto start = Clock::now();
+  auto group = GlooGroup::Create(**store, "lonely", 1, 3, Options(milliseconds(1000)));
+  const auto elapsed = Clock::now() - start;
+  EXPECT_EQ(group.status().code(), StatusCode::kDeadlineExceeded) << group.status().ToString();
+  EXPECT_LT(elapsed, milliseconds(5000));  // gloo's FileStore polls in whole seconds
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GlooGroupTest, GathersInPlaceWhenTheShardLiesInsideTheOutput) {
+  auto store = MakeInMemoryRendezvousStore();
+  const std::vector<int64_t> shape{7, 3};
+  RunRanks(3, [&](int rank) {
+    auto group = GlooGroup::Create(*store, "inplace", rank, 3, Options(milliseconds(20000)));
+    ASSERT_TRUE(group.ok()) << group.status().ToString();
+    const std::vector<uint8_t> full = MakeFull(shape, 4);
+    const ChunkRange mine = TorchChunk(7, 3, rank);
+    std::vector<uint8_t> out(full.size(), 0);
+    std::memcpy(out.data() + mine.begin * 12, full.data() + mine.begin * 12, mine.size * 12);
+    Status s = (*group)->AllGatherShards(out.data() + mine.begin * 12, out.data(), shape, 0,
+                                         DType::kFP32);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(out, full);
+  });
+}
+
 TEST(GlooGroupTest, PeerThatSkipsACollectiveIsDeadlineExceededAndPoisonsTheGroup) {
   auto store = MakeInMemoryRendezvousStore();
   std::atomic<bool> rank0_done{false};
@@ -239,12 +275,6 @@ std::vector<int> RunProcesses(int size, milliseconds limit, const std::function<
     std::this_thread::sleep_for(milliseconds(10));
   }
   return codes;
-}
-
-std::string MakeTempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "wsync-gloo-XXXXXX").string();
-  char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : std::string();
 }
 
 TEST(GlooProcessTest, ProcessesOverLoopbackTcpWithFileStore) {

@@ -196,6 +196,24 @@ TestMatrix MakeTestMatrix(int64_t rows, int64_t cols, int64_t stride, uint32_t s
   return m;
 }
 
+TEST(Fp8BlockTest, HandComputedBlock) {
+  // amax 2 -> scale_inv 2/448; 1 -> 224 = 1.75*2^7 (0x76); -2 -> -448 (0xFE);
+  // 0.5 -> 112 = 1.75*2^6 (0x6E); 0.01 -> 2.24, between 2.0 (0x40) and
+  // 2.25 (0x41), nearer 2.25; -0 stays -0 (0x80).
+  const std::vector<uint16_t> x = {Fp32ToBf16(1.0f), Fp32ToBf16(-2.0f), Fp32ToBf16(0.5f),
+                                   Fp32ToBf16(0.01f), Fp32ToBf16(-0.0f), 0};
+  auto q = QuantizeFp8Blocks({x.data(), 2, 3, 3});
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->q, (std::vector<uint8_t>{0x76, 0xFE, 0x6E, 0x41, 0x80, 0x00}));
+  EXPECT_EQ(q->scale_inv, std::vector<float>{2.0f / 448.0f});
+
+  const std::vector<uint16_t> zeros(6, 0);
+  auto z = QuantizeFp8Blocks({zeros.data(), 2, 3, 3});
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(z->scale_inv, std::vector<float>{1.0f});  // all-zero block convention
+  EXPECT_EQ(z->q, std::vector<uint8_t>(6, 0x00));
+}
+
 TEST(Fp8BlockTest, MatchesPerElementBruteForce) {
   const TestMatrix m = MakeTestMatrix(300, 700, 713, 1);
   auto q = QuantizeFp8Blocks(m.view());
