@@ -1,0 +1,141 @@
+// wsync.inference/v1 <-> InferenceSpec.
+#include <algorithm>
+
+#include "routing/json_reader.h"
+#include "routing/spec_io.h"
+#include "routing/validate.h"
+
+namespace wsync {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kInferenceSchema[] = "wsync.inference/v1";
+
+Status ParseTensor(const json& j, const std::string& rank_where, InferenceTensor* t) {
+  std::string where = rank_where;
+  if (j.is_object() && j.contains("name") && j["name"].is_string())
+    where += ": tensor '" + j["name"].get<std::string>() + "'";
+  JsonObjectReader r(j, where);
+  r.Str("name", &t->name);
+  r.IntArray("shape", &t->shape);
+  r.Dtype("dtype", &t->dtype);
+  r.Str("region", &t->where.region);
+  r.Uint("offset", &t->where.offset);
+  if (const json* tp = r.Object("tp", false)) {
+    JsonObjectReader tr(*tp, where + ": tp");
+    TpSlice s;
+    tr.Int32("dim", &s.dim);
+    tr.Int32("rank", &s.rank);
+    tr.Int32("size", &s.size);
+    WSYNC_RETURN_IF_ERROR(tr.Finish());
+    t->tp = s;
+  }
+  if (const json* ex = r.Object("experts", false)) {
+    JsonObjectReader er(*ex, where + ": experts");
+    ExpertRange e;
+    er.Int("start", &e.start);
+    er.Int("end", &e.end);
+    WSYNC_RETURN_IF_ERROR(er.Finish());
+    t->experts = e;
+  }
+  if (const json* sc = r.Object("scale", false)) {
+    JsonObjectReader sr(*sc, where + ": scale");
+    ScaleTensor s;
+    sr.Str("name", &s.name);
+    sr.IntArray("shape", &s.shape);
+    sr.Dtype("dtype", &s.dtype, false);
+    sr.Str("region", &s.where.region);
+    sr.Uint("offset", &s.where.offset);
+    WSYNC_RETURN_IF_ERROR(sr.Finish());
+    t->scale = std::move(s);
+  }
+  return r.Finish();
+}
+
+Status ParseRank(const json& j, const std::string& source, size_t index, InferenceRank* rank) {
+  std::string where = source + ": ranks[" + std::to_string(index) + "]";
+  if (j.is_object() && j.contains("rank") && j["rank"].is_number_integer())
+    where = source + ": rank " + std::to_string(j["rank"].get<int64_t>());
+  JsonObjectReader r(j, where);
+  r.Int32("rank", &rank->rank);
+  r.Int32("instance", &rank->instance, false);
+  r.Str("host", &rank->host);
+  r.Int32("gpu", &rank->gpu, false);
+  r.Int32("nic", &rank->nic, false);
+  const json* regions = r.Array("regions");
+  const json* tensors = r.Array("tensors");
+  WSYNC_RETURN_IF_ERROR(r.Finish());
+  for (size_t i = 0; i < regions->size(); ++i) {
+    JsonObjectReader rr((*regions)[i], where + ": regions[" + std::to_string(i) + "]");
+    MemoryRegion m;
+    rr.Str("id", &m.id);
+    rr.Uint("size", &m.size);
+    rr.Str("descriptor", &m.descriptor, false);
+    WSYNC_RETURN_IF_ERROR(rr.Finish());
+    rank->regions.push_back(std::move(m));
+  }
+  rank->tensors.resize(tensors->size());
+  for (size_t i = 0; i < tensors->size(); ++i)
+    WSYNC_RETURN_IF_ERROR(ParseTensor((*tensors)[i], where, &rank->tensors[i]));
+  return Status::Ok();
+}
+
+json RegionFields(json j, const RegionRef& where) {
+  j["region"] = where.region;
+  j["offset"] = where.offset;
+  return j;
+}
+
+}  // namespace
+
+StatusOr<InferenceSpec> ParseInferenceSpec(const json& j, const std::string& source) {
+  InferenceSpec spec;
+  JsonObjectReader r(j, source);
+  std::string schema;
+  if (r.Str("schema", &schema, false) && schema != kInferenceSchema)
+    r.Fail("schema is '" + schema + "', expected '" + kInferenceSchema + "'");
+  const json* ranks = r.Array("ranks");
+  WSYNC_RETURN_IF_ERROR(r.Finish());
+  spec.ranks.resize(ranks->size());
+  for (size_t i = 0; i < ranks->size(); ++i)
+    WSYNC_RETURN_IF_ERROR(ParseRank((*ranks)[i], source, i, &spec.ranks[i]));
+  std::stable_sort(spec.ranks.begin(), spec.ranks.end(),
+                   [](const InferenceRank& a, const InferenceRank& b) { return a.rank < b.rank; });
+  WSYNC_RETURN_IF_ERROR(ValidateInferenceSpec(spec, source));
+  return spec;
+}
+
+StatusOr<InferenceSpec> ParseInferenceSpecFromFile(const std::string& path) {
+  WSYNC_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
+  return ParseInferenceSpec(j, path);
+}
+
+json ToJson(const InferenceSpec& spec) {
+  json ranks = json::array();
+  for (const InferenceRank& rank : spec.ranks) {
+    json regions = json::array();
+    for (const MemoryRegion& m : rank.regions)
+      regions.push_back({{"id", m.id}, {"size", m.size}, {"descriptor", m.descriptor}});
+    json tensors = json::array();
+    for (const InferenceTensor& t : rank.tensors) {
+      json jt = RegionFields({{"name", t.name}, {"shape", t.shape},
+                              {"dtype", std::string(DTypeName(t.dtype))}},
+                             t.where);
+      if (t.tp) jt["tp"] = {{"dim", t.tp->dim}, {"rank", t.tp->rank}, {"size", t.tp->size}};
+      if (t.experts) jt["experts"] = {{"start", t.experts->start}, {"end", t.experts->end}};
+      if (t.scale)
+        jt["scale"] = RegionFields({{"name", t.scale->name}, {"shape", t.scale->shape},
+                                    {"dtype", std::string(DTypeName(t.scale->dtype))}},
+                                   t.scale->where);
+      tensors.push_back(std::move(jt));
+    }
+    ranks.push_back({{"rank", rank.rank}, {"instance", rank.instance}, {"host", rank.host},
+                     {"gpu", rank.gpu}, {"nic", rank.nic}, {"regions", std::move(regions)},
+                     {"tensors", std::move(tensors)}});
+  }
+  return {{"schema", kInferenceSchema}, {"ranks", std::move(ranks)}};
+}
+
+}  // namespace wsync

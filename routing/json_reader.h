@@ -1,0 +1,64 @@
+// Strict, exception-free reading of one JSON object for the spec loaders.
+//
+// Internal to routing/ (spec_io and plan_io). Every field accessor records the
+// key as known, so Finish() can reject unknown keys (typos must not pass
+// silently). The first error wins and is reported as one line prefixed with
+// `where` ("trainer.json: rank 3: tensor 'x'").
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "routing/dtype.h"
+
+namespace wsync {
+
+class JsonObjectReader {
+ public:
+  JsonObjectReader(const nlohmann::json& j, std::string where);
+
+  // Each returns false (and records an error unless the field is optional and
+  // absent) when the field is missing or has the wrong type.
+  bool Int(const char* key, int64_t* out, bool required = true);
+  bool Int32(const char* key, int32_t* out, bool required = true);
+  bool Uint(const char* key, uint64_t* out, bool required = true);
+  bool Str(const char* key, std::string* out, bool required = true);
+  bool IntArray(const char* key, std::vector<int64_t>* out, bool required = true);
+  bool StrArray(const char* key, std::vector<std::string>* out, bool required = true);
+  bool Dtype(const char* key, DType* out, bool required = true);
+  // Returns the member (object or array as asked) or nullptr.
+  const nlohmann::json* Object(const char* key, bool required = true);
+  const nlohmann::json* Array(const char* key, bool required = true);
+  // Any JSON value; the caller checks its type.
+  const nlohmann::json* Raw(const char* key, bool required = true);
+  bool Has(const char* key) const;
+
+  void Fail(const std::string& what);  // records "<where>: what"
+  bool ok() const { return status_.ok(); }
+  // Checks for unknown keys; returns the first error.
+  Status Finish();
+  const std::string& where() const { return where_; }
+
+ private:
+  const nlohmann::json* Find(const char* key, bool required);
+  bool valid_ = false;
+  const nlohmann::json& j_;
+  std::string where_;
+  std::set<std::string> known_;
+  Status status_;
+};
+
+// Reads a whole file into JSON; malformed JSON gives one line naming the file
+// and the parser's position message.
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
+
+// Writes `j` to `path` through a temp file + rename, so readers never see a
+// half-written file. indent < 0 writes compactly.
+Status WriteJsonFileAtomic(const nlohmann::json& j, const std::string& path, int indent);
+
+}  // namespace wsync

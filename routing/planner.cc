@@ -1,0 +1,408 @@
+#include "routing/planner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_map>
+
+#include "routing/holders.h"
+#include "routing/mapping.h"
+#include "routing/validate.h"
+
+namespace wsync {
+
+namespace {
+
+// One piece of a destination that a single holder class can send.
+struct Job {
+  int32_t src = -1;
+  int32_t dst = -1;
+  int32_t mesh_group = -1;
+  int32_t layout = -1;   // index into Planner::layouts_
+  int32_t klass = -1;    // holder class within that layout
+  int32_t sender = -1;
+  std::array<int8_t, kMaxDims> dst_to_src{};
+  Box src_box;
+  Box dst_box;
+  uint64_t bytes = 0;    // weights + scales, for balancing
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string PlacementKey(const TrainerParam& p) {
+  std::string k = p.mesh;
+  k += '|';
+  for (const Placement& pl : p.placements) k += std::to_string(pl.kind == Placement::Kind::kShard ? pl.dim : -1) + ",";
+  k += '|';
+  for (int64_t d : p.global_shape) k += std::to_string(d) + ",";
+  k += '|';
+  k += p.mesh_group;
+  return k;
+}
+
+class Planner {
+ public:
+  Planner(const TrainerSpec& t, const InferenceSpec& i, const MappingSpec& m, const PlanOptions& o)
+      : trainer_(t), inference_(i), mapping_(m), opt_(o) {}
+
+  Status Run(RoutingTable* table);
+
+ private:
+  Status BuildSources(RoutingTable* table);
+  Status BuildJobs(RoutingTable* table);
+  Status SplitSegment(const Segment& seg, int32_t dst, const InferenceTensor& t,
+                      const QuantRule* quant, const TensorWhere& where);
+  void Assign(const RoutingTable& table);
+  void EmitOps(RoutingTable* table);
+  void EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Shape& shape,
+                int64_t esize, const Box& sbox, std::vector<WriteOp>* ops) const;
+
+  const TrainerSpec& trainer_;
+  const InferenceSpec& inference_;
+  const MappingSpec& mapping_;
+  const PlanOptions& opt_;
+
+  SourceCatalog catalog_;
+  std::vector<int32_t> source_layout_;       // catalog index -> layout
+  std::vector<HolderLayout> layouts_;
+  std::vector<const QuantRule*> dest_quant_;  // per destination
+  std::vector<const InferenceTensor*> dest_tensor_;
+  std::vector<int32_t> dest_rank_;
+  std::vector<Job> jobs_;
+};
+
+Status Planner::Run(RoutingTable* table) {
+  if (opt_.validate) {
+    WSYNC_RETURN_IF_ERROR(ValidateTrainerSpec(trainer_, opt_.trainer_source));
+    WSYNC_RETURN_IF_ERROR(ValidateInferenceSpec(inference_, opt_.inference_source));
+    WSYNC_RETURN_IF_ERROR(ValidateMapping(mapping_, opt_.mapping_source));
+  }
+  WSYNC_RETURN_IF_ERROR(BuildSources(table));
+  WSYNC_RETURN_IF_ERROR(BuildJobs(table));
+  Assign(*table);
+  EmitOps(table);
+  for (const TrainerRank& r : trainer_.ranks) table->trainer_endpoints.push_back({r.host, r.gpu, r.nic});
+  for (const InferenceRank& r : inference_.ranks)
+    table->inference_endpoints.push_back({r.host, r.gpu, r.nic});
+  return Status::Ok();
+}
+
+Status Planner::BuildSources(RoutingTable* table) {
+  catalog_ = BuildSourceCatalog(trainer_);
+  std::unordered_map<std::string_view, MeshView> meshes;
+  for (const TrainerRank& rank : trainer_.ranks) {
+    for (const MeshCoord& m : rank.meshes) {
+      MeshView& v = meshes[m.mesh];
+      if (v.rank_at.empty()) {
+        v.shape = m.shape;
+        v.dim_names = m.dim_names;
+        int64_t total = 1;
+        for (int64_t s : m.shape) total *= s;
+        v.rank_at.assign(total, -1);
+      }
+      int64_t flat = 0;
+      for (size_t d = 0; d < m.shape.size(); ++d) flat = flat * m.shape[d] + m.coord[d];
+      v.rank_at[flat] = rank.rank;
+    }
+  }
+  std::unordered_map<std::string_view, int32_t> group_index;
+  std::vector<std::vector<bool>> gathered;
+  for (const MeshGroupSpec& g : trainer_.mesh_groups) {
+    group_index.emplace(g.name, static_cast<int32_t>(table->mesh_groups.size()));
+    const MeshView& mesh = meshes.at(g.mesh);
+    MeshGroupInfo info{g.name, mesh.rank_at};
+    std::sort(info.ranks.begin(), info.ranks.end());
+    table->mesh_groups.push_back(std::move(info));
+    std::vector<bool> flags(mesh.shape.size(), false);
+    for (size_t d = 0; d < mesh.dim_names.size(); ++d)
+      for (const std::string& n : g.gather_dims) flags[d] = flags[d] || n == mesh.dim_names[d];
+    gathered.push_back(std::move(flags));
+  }
+  std::unordered_map<std::string, int32_t> layout_index;
+  table->sources.resize(catalog_.params.size());
+  source_layout_.resize(catalog_.params.size());
+  for (size_t i = 0; i < catalog_.params.size(); ++i) {
+    const TrainerParam& p = *catalog_.params[i];
+    SourceTensor& s = table->sources[i];
+    s.name = p.name;
+    s.global_shape = p.global_shape;
+    s.dtype = p.dtype;
+    s.mesh_group = group_index.at(p.mesh_group);
+    auto [it, inserted] = layout_index.emplace(PlacementKey(p), static_cast<int32_t>(layouts_.size()));
+    if (inserted) {
+      auto layout = ComputeHolderLayout(p.global_shape, meshes.at(p.mesh), p.placements,
+                                        gathered[s.mesh_group]);
+      if (!layout.ok())
+        return InvalidArgument(opt_.trainer_source + ": rank " + std::to_string(catalog_.first_rank[i]) +
+                               ": tensor '" + p.name + "': mesh group '" + p.mesh_group + "': " +
+                               layout.status().message());
+      layouts_.push_back(std::move(layout).value());
+    }
+    source_layout_[i] = it->second;
+    for (const HolderClass& c : layouts_[it->second].classes)
+      for (int32_t r : c.ranks) s.holders.push_back({r, c.box});
+    std::sort(s.holders.begin(), s.holders.end(),
+              [](const SourceTensor::Holder& a, const SourceTensor::Holder& b) { return a.rank < b.rank; });
+  }
+  return Status::Ok();
+}
+
+Status Planner::BuildJobs(RoutingTable* table) {
+  WSYNC_ASSIGN_OR_RETURN(Mapper mapper, Mapper::Create(mapping_, &catalog_, opt_.mapping_source));
+  std::vector<uint8_t> used(catalog_.params.size(), 0);
+  std::vector<Segment> segs;
+  size_t total = 0;
+  for (const InferenceRank& rank : inference_.ranks) total += rank.tensors.size();
+  table->destinations.reserve(total);
+  dest_quant_.reserve(total);
+  dest_tensor_.reserve(total);
+  for (const InferenceRank& rank : inference_.ranks) {
+    for (const InferenceTensor& t : rank.tensors) {
+      const int32_t dst = static_cast<int32_t>(table->destinations.size());
+      DestTensor d;
+      d.rank = rank.rank;
+      d.name = t.name;
+      d.shape = t.shape;
+      d.dtype = t.dtype;
+      d.where = t.where;
+      d.bytes = static_cast<uint64_t>(DTypeSize(t.dtype));
+      for (int64_t s : t.shape) d.bytes *= static_cast<uint64_t>(s);
+      if (t.scale) {
+        d.has_scale = true;
+        d.scale_name = t.scale->name;
+        d.scale_shape = t.scale->shape;
+        d.scale_where = t.scale->where;
+        d.scale_bytes = static_cast<uint64_t>(DTypeSize(t.scale->dtype));
+        for (int64_t s : t.scale->shape) d.scale_bytes *= static_cast<uint64_t>(s);
+      }
+      table->destinations.push_back(std::move(d));
+      const TensorWhere where{&opt_.inference_source, rank.rank, &t.name};
+      Conversion conv;
+      segs.clear();
+      WSYNC_RETURN_IF_ERROR(mapper.Resolve(t, where, &segs, &conv, &used));
+      dest_quant_.push_back(conv.quant);
+      dest_tensor_.push_back(&t);
+      dest_rank_.push_back(rank.rank);
+      for (const Segment& seg : segs)
+        WSYNC_RETURN_IF_ERROR(SplitSegment(seg, dst, t, conv.quant, where));
+    }
+  }
+  return mapper.CheckAllUsed(used, opt_.trainer_source);
+}
+
+// Splits a segment along its source's holder grid: each piece has one class
+// of candidate senders (e.g. experts spanning two EP slices).
+Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTensor& t,
+                             const QuantRule* quant, const TensorWhere& where) {
+  const int snd = seg.src_box.ndim;
+  if (seg.src_box.NumElements() == 0) return Status::Ok();
+  const HolderLayout& layout = layouts_[source_layout_[seg.source]];
+  const TrainerParam& p = *catalog_.params[seg.source];
+  // Per dim: the cut intervals that intersect the box.
+  std::array<std::pair<size_t, size_t>, kMaxDims> span{};  // [first, last] interval index
+  for (int d = 0; d < snd; ++d) {
+    const std::vector<int64_t>& cuts = layout.cuts[d];
+    const int64_t lo = seg.src_box.offset[d], hi = lo + seg.src_box.size[d];
+    size_t a = std::upper_bound(cuts.begin(), cuts.end(), lo) - cuts.begin() - 1;
+    size_t b = std::lower_bound(cuts.begin(), cuts.end(), hi) - cuts.begin() - 1;
+    span[d] = {a, b};
+  }
+  std::array<size_t, kMaxDims> at{};
+  for (int d = 0; d < snd; ++d) at[d] = span[d].first;
+  const int nd = static_cast<int>(t.shape.size());
+  while (true) {
+    Job job;
+    job.src = seg.source;
+    job.dst = dst;
+    job.mesh_group = -1;
+    job.layout = source_layout_[seg.source];
+    job.dst_to_src = seg.dst_to_src;
+    job.src_box = seg.src_box;
+    job.dst_box = seg.dst_box;
+    for (int d = 0; d < snd; ++d) {
+      const std::vector<int64_t>& cuts = layout.cuts[d];
+      const int64_t lo = std::max(seg.src_box.offset[d], cuts[at[d]]);
+      const int64_t hi = std::min(seg.src_box.offset[d] + seg.src_box.size[d], cuts[at[d] + 1]);
+      job.src_box.offset[d] = lo;
+      job.src_box.size[d] = hi - lo;
+    }
+    for (int d = 0; d < nd; ++d) {
+      const int sd = seg.dst_to_src[d];
+      if (sd < 0) continue;
+      job.dst_box.offset[d] = seg.dst_box.offset[d] + (job.src_box.offset[sd] - seg.src_box.offset[sd]);
+      job.dst_box.size[d] = job.src_box.size[sd];
+    }
+    job.klass = layout.FindClass(job.src_box.offset, snd);
+    if (job.klass < 0)
+      return Internal(where + ": no trainer rank holds part of source '" + p.name + "' after unshard");
+    uint64_t bytes = static_cast<uint64_t>(job.src_box.NumElements()) *
+                     static_cast<uint64_t>(DTypeSize(t.dtype));
+    if (quant) {
+      const int64_t blocks[2] = {quant->block_rows, quant->block_cols};
+      int64_t nblocks = 1;
+      for (int d = 0; d < nd; ++d) {
+        int64_t n = job.dst_box.size[d];
+        if (d >= nd - 2) {
+          const int64_t b = blocks[d - (nd - 2)];
+          const int sd = seg.dst_to_src[d];
+          const int64_t so = job.src_box.offset[sd], ss = job.src_box.size[sd];
+          if (layout.classes.size() > 1 && (so % b != 0 || ((so + ss) % b != 0 && so + ss != p.global_shape[sd])))
+            return InvalidArgument(where + ": fp8 block of source '" + p.name + "' on dim " +
+                                   std::to_string(sd) + " is cut at " + std::to_string(so % b ? so : so + ss) +
+                                   " by the trainer's sharding after unshard (a shard boundary must fall on a multiple of " +
+                                   std::to_string(b) + ")");
+          n = CeilDiv(so + ss, b) - so / b;
+        }
+        nblocks *= n;
+      }
+      bytes += static_cast<uint64_t>(nblocks) * static_cast<uint64_t>(DTypeSize(quant->scale_dtype));
+    }
+    job.bytes = bytes;
+    jobs_.push_back(job);
+    int d = snd - 1;  // odometer over the cut intervals
+    for (; d >= 0; --d) {
+      if (++at[d] <= span[d].second) break;
+      at[d] = span[d].first;
+    }
+    if (d < 0) break;
+  }
+  return Status::Ok();
+}
+
+void Planner::Assign(const RoutingTable& table) {
+  // NIC id per trainer rank: (host, nic) pairs.
+  std::unordered_map<std::string, int32_t> nic_ids;
+  std::vector<int32_t> nic_of(trainer_.ranks.size());
+  for (const TrainerRank& r : trainer_.ranks) {
+    auto [it, inserted] = nic_ids.emplace(r.host + "#" + std::to_string(r.nic),
+                                          static_cast<int32_t>(nic_ids.size()));
+    nic_of[r.rank] = it->second;
+  }
+  std::vector<std::vector<uint32_t>> by_group(table.mesh_groups.size());
+  for (uint32_t j = 0; j < jobs_.size(); ++j) {
+    jobs_[j].mesh_group = table.sources[jobs_[j].src].mesh_group;
+    by_group[jobs_[j].mesh_group].push_back(j);
+  }
+  std::vector<uint64_t> rank_load(trainer_.ranks.size()), nic_load(nic_ids.size());
+  for (std::vector<uint32_t>& order : by_group) {
+    std::fill(rank_load.begin(), rank_load.end(), 0);
+    std::fill(nic_load.begin(), nic_load.end(), 0);
+    std::sort(order.begin(), order.end(), [this](uint32_t a, uint32_t b) {
+      if (jobs_[a].bytes != jobs_[b].bytes) return jobs_[a].bytes > jobs_[b].bytes;
+      return a < b;
+    });
+    for (uint32_t j : order) {
+      Job& job = jobs_[j];
+      const std::vector<int32_t>& cands = layouts_[job.layout].classes[job.klass].ranks;
+      int32_t best = cands[0];
+      uint64_t best_load = rank_load[best] + nic_load[nic_of[best]];
+      for (size_t i = 1; i < cands.size(); ++i) {
+        const int32_t r = cands[i];
+        const uint64_t load = rank_load[r] + nic_load[nic_of[r]];
+        if (load < best_load) {  // ranks ascend: ties keep the lowest
+          best = r;
+          best_load = load;
+        }
+      }
+      job.sender = best;
+      rank_load[best] += job.bytes;
+      nic_load[nic_of[best]] += job.bytes;
+    }
+  }
+}
+
+void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Shape& shape,
+                       int64_t esize, const Box& sbox, std::vector<WriteOp>* ops) const {
+  const int nd = static_cast<int>(shape.size());
+  if (dbox.NumElements() == 0) return;
+  int k = nd - 1;  // last dim the box does not span fully
+  while (k >= 0 && dbox.offset[k] == 0 && dbox.size[k] == shape[k]) --k;
+  std::array<int64_t, kMaxDims> stride{};
+  stride[nd - 1] = 1;
+  for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
+  Box run = dbox;
+  for (int d = 0; d < k; ++d) run.size[d] = 1;
+  WriteOp op;
+  op.mesh_group = job.mesh_group;
+  op.src_rank = job.sender;
+  op.src = job.src;
+  op.dst_rank = dest_rank_[job.dst];
+  op.dst = job.dst;
+  op.kind = kind;
+  op.src_box = sbox;
+  const uint64_t run_bytes = static_cast<uint64_t>(run.NumElements() * esize);
+  while (true) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += run.offset[d] * stride[d];
+    op.dst_offset = static_cast<uint64_t>(off * esize);
+    op.bytes = run_bytes;
+    for (int d = 0; d < nd; ++d) {
+      const int sd = job.dst_to_src[d];
+      if (sd < 0) continue;
+      op.src_box.offset[sd] = sbox.offset[sd] + (run.offset[d] - dbox.offset[d]);
+      op.src_box.size[sd] = run.size[d];
+    }
+    ops->push_back(op);
+    int d = k - 1;  // odometer over the outer dims
+    for (; d >= 0; --d) {
+      if (++run.offset[d] < dbox.offset[d] + dbox.size[d]) break;
+      run.offset[d] = dbox.offset[d];
+    }
+    if (d < 0) break;
+  }
+}
+
+void Planner::EmitOps(RoutingTable* table) {
+  std::vector<WriteOp>& ops = table->ops;
+  ops.reserve(jobs_.size() * 2);
+  for (const Job& job : jobs_) {
+    const InferenceTensor& t = *dest_tensor_[job.dst];
+    EmitRuns(job, WriteKind::kWeight, job.dst_box, t.shape, DTypeSize(t.dtype), job.src_box, &ops);
+    const QuantRule* quant = dest_quant_[job.dst];
+    if (!quant) continue;
+    // The job's blocks: its rows/cols rounded out to block edges (they are
+    // block-aligned or end at the tensor end, checked when splitting).
+    const int nd = static_cast<int>(t.shape.size());
+    Box dsb = job.dst_box, ssb = job.src_box;
+    const int64_t blocks[2] = {quant->block_rows, quant->block_cols};
+    for (int k = 0; k < 2; ++k) {
+      const int dd = nd - 2 + k;
+      const int sd = job.dst_to_src[dd];
+      const int64_t b = blocks[k];
+      dsb.offset[dd] = job.dst_box.offset[dd] / b;
+      dsb.size[dd] = CeilDiv(job.dst_box.offset[dd] + job.dst_box.size[dd], b) - dsb.offset[dd];
+      ssb.offset[sd] = job.src_box.offset[sd] / b;
+      ssb.size[sd] = CeilDiv(job.src_box.offset[sd] + job.src_box.size[sd], b) - ssb.offset[sd];
+    }
+    EmitRuns(job, WriteKind::kScale, dsb, t.scale->shape, DTypeSize(t.scale->dtype), ssb, &ops);
+  }
+  std::sort(ops.begin(), ops.end(), [](const WriteOp& a, const WriteOp& b) {
+    if (a.mesh_group != b.mesh_group) return a.mesh_group < b.mesh_group;
+    if (a.src_rank != b.src_rank) return a.src_rank < b.src_rank;
+    if (a.src != b.src) return a.src < b.src;
+    if (a.dst_rank != b.dst_rank) return a.dst_rank < b.dst_rank;
+    if (a.dst != b.dst) return a.dst < b.dst;
+    if (a.kind != b.kind) return a.kind < b.kind;
+    return a.dst_offset < b.dst_offset;
+  });
+}
+
+}  // namespace
+
+StatusOr<RoutingTable> Plan(const TrainerSpec& trainer, const InferenceSpec& inference,
+                            const MappingSpec& mapping, const PlanOptions& options) {
+  RoutingTable table;
+  Planner planner(trainer, inference, mapping, options);
+  WSYNC_RETURN_IF_ERROR(planner.Run(&table));
+  return table;
+}
+
+uint64_t BoxByteOffset(const Box& box, const Shape& shape, int64_t elem_size) {
+  int64_t off = 0, stride = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    off += box.offset[d] * stride;
+    stride *= shape[d];
+  }
+  return static_cast<uint64_t>(off * elem_size);
+}
+
+}  // namespace wsync

@@ -1,0 +1,39 @@
+// The planner: metadata model -> static RoutingTable (routing_table.h).
+//
+// Called once per setup by the controller and by `wsync plan`. Semantics
+// (docs/SCHEMA.md): after full_tensor over its MeshGroup's gather dims a
+// trainer rank holds a box of each source; every destination byte (weights
+// and fp8 block scales) of every inference rank is written exactly once, by
+// one rank that holds the needed source box. Among candidates the planner
+// balances bytes per sender rank and per sender NIC (host, nic), greedily
+// largest job first, ties to the lowest rank; loads are balanced per
+// MeshGroup, because MeshGroups run one after another. Writes are split only
+// where the destination bytes stop being contiguous. Same input -> same table.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "routing/metadata.h"
+#include "routing/routing_table.h"
+
+namespace wsync {
+
+struct PlanOptions {
+  // Run ValidateTrainerSpec/ValidateInferenceSpec/ValidateMapping first.
+  // Only skip when the specs were just parsed (the parsers validate).
+  bool validate = true;
+  // Names used in error lines (usually the file names).
+  std::string trainer_source = "trainer";
+  std::string inference_source = "inference";
+  std::string mapping_source = "mapping";
+};
+
+StatusOr<RoutingTable> Plan(const TrainerSpec& trainer, const InferenceSpec& inference,
+                            const MappingSpec& mapping, const PlanOptions& options = {});
+
+// Bytes of `box` written row-major at `offset`, within a tensor of `shape`:
+// the byte offset of the box start (valid when the box is contiguous there).
+uint64_t BoxByteOffset(const Box& box, const Shape& shape, int64_t elem_size);
+
+}  // namespace wsync
