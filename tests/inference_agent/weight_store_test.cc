@@ -1,0 +1,159 @@
+// The weight store as an engine sees it: a separate process maps it by name,
+// finds tensors by engine name where the spec put them, and reads the
+// version word the agent moves.
+#include "inference_agent/weight_store.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "inference_agent/engine_view.h"
+
+namespace wsync::inference {
+namespace {
+
+InferenceRank SmallRank() {
+  InferenceRank r;
+  r.rank = 1;
+  r.regions = {{"weights", 1 << 20, ""}};
+  InferenceTensor a;
+  a.name = "model.embed_tokens.weight";
+  a.shape = {64, 32};
+  a.dtype = DType::kBF16;
+  a.where = {"weights", 0};
+  InferenceTensor b;
+  b.name = "model.layers.0.mlp.down_proj.weight";
+  b.shape = {128, 128};
+  b.dtype = DType::kFP8E4M3;
+  b.where = {"weights", 8192};
+  b.scale = ScaleTensor{"model.layers.0.mlp.down_proj.weight_scale_inv", {1, 1}, DType::kFP32, {"weights", 65536}};
+  r.tensors = {a, b};
+  return r;
+}
+
+std::string TestName(const char* what) { return "/wsync-test-" + std::string(what) + "-" + std::to_string(getpid()); }
+
+// Runs `fn` in a child process; returns its exit code.
+template <typename Fn>
+int InChild(Fn fn) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+TEST(WeightStoreTest, EngineProcessFindsTensorsWhereTheSpecPutsThem) {
+  const InferenceRank rank = SmallRank();
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("find"), rank);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_EQ(store->regions().size(), 1u);
+  ASSERT_EQ(store->regions()[0].size, 1u << 20);
+  // Fill the region through the raw pointer at the spec offsets, as a remote
+  // write would.
+  std::mt19937 rng(7);
+  std::vector<uint8_t> embed(64 * 32 * 2), down(128 * 128), scale(4);
+  for (auto* v : {&embed, &down, &scale}) for (uint8_t& b : *v) b = static_cast<uint8_t>(rng());
+  uint8_t* base = store->regions()[0].data;
+  std::memcpy(base + 0, embed.data(), embed.size());
+  std::memcpy(base + 8192, down.data(), down.size());
+  std::memcpy(base + 65536, scale.data(), scale.size());
+  const uint64_t hash = store->layout_hash();
+
+  const int rc = InChild([&] {
+    StatusOr<EngineView> view = EngineView::Open(store->name());
+    if (!view.ok()) return 2;
+    if (view->rank() != 1 || view->layout_hash() != hash || view->tensors().size() != 3) return 3;
+    const EngineTensor* e = view->Find("model.embed_tokens.weight");
+    const EngineTensor* d = view->Find("model.layers.0.mlp.down_proj.weight");
+    const EngineTensor* s = view->Find("model.layers.0.mlp.down_proj.weight_scale_inv");
+    if (e == nullptr || d == nullptr || s == nullptr || view->Find("nope") != nullptr) return 4;
+    if (e->bytes != embed.size() || e->dtype != "bf16" || e->shape != std::vector<int64_t>{64, 32}) return 5;
+    if (d->dtype != "fp8_e4m3" || s->bytes != 4 || s->offset != 65536) return 6;
+    if (std::memcmp(e->data, embed.data(), embed.size()) != 0) return 7;
+    if (std::memcmp(d->data, down.data(), down.size()) != 0) return 8;
+    if (std::memcmp(s->data, scale.data(), scale.size()) != 0) return 9;
+    if (view->complete_version() != kNoVersion || view->failed_version() != kNoVersion) return 10;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(WeightStoreTest, EngineSeesVersionWordsTheAgentStores) {
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("ver"), SmallRank());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  StatusOr<EngineView> view = EngineView::Open(store->name());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->complete_version(), kNoVersion);
+  EXPECT_TRUE(store->MarkComplete(3));
+  EXPECT_EQ(view->complete_version(), 3u);
+  EXPECT_FALSE(store->MarkComplete(2));  // never backwards
+  EXPECT_EQ(view->complete_version(), 3u);
+  EXPECT_EQ(view->completed_versions(), 2u);
+  store->MarkFailed(4);
+  EXPECT_EQ(view->failed_version(), 4u);
+  EXPECT_EQ(view->complete_version(), 3u);
+}
+
+TEST(WeightStoreTest, AttachKeepsWeightsAndVersionButRefusesAnotherLayout) {
+  const std::string name = TestName("attach");
+  StatusOr<WeightStore> store = WeightStore::Create(name, SmallRank());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  store->regions()[0].data[100] = 0x5a;
+  store->MarkComplete(9);
+  {
+    StatusOr<WeightStore> again = WeightStore::Attach(name, SmallRank());
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->regions()[0].data[100], 0x5a);
+    EXPECT_EQ(again->complete_version(), 9u);
+  }
+  InferenceRank other = SmallRank();
+  other.tensors[0].shape = {32, 64};
+  StatusOr<WeightStore> wrong = WeightStore::Attach(name, other);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("different layout"), std::string::npos) << wrong.status().message();
+}
+
+TEST(WeightStoreTest, TensorOutsideItsRegionIsOneLineNamingIt) {
+  InferenceRank r = SmallRank();
+  r.tensors[1].where.offset = (1 << 20) - 100;
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("bad"), r);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("model.layers.0.mlp.down_proj.weight"), std::string::npos);
+  EXPECT_NE(store.status().message().find("inference rank 1"), std::string::npos);
+  EXPECT_FALSE(EngineView::Open(TestName("bad")).ok());  // nothing half-built left behind
+}
+
+TEST(WeightStoreTest, LargeLayoutPushesTheDataPastIt) {
+  InferenceRank r;
+  r.rank = 0;
+  r.regions = {{"weights", 4096 * 1000, ""}, {"extra", 4096, ""}};
+  for (int i = 0; i < 1000; ++i) {
+    InferenceTensor t;
+    t.name = "model.layers." + std::to_string(i) + ".some_rather_long_parameter_name.weight";
+    t.shape = {2048};
+    t.where = {"weights", static_cast<uint64_t>(i) * 4096};
+    r.tensors.push_back(t);
+  }
+  InferenceTensor x;
+  x.name = "x";
+  x.shape = {4};
+  x.dtype = DType::kFP32;
+  x.where = {"extra", 16};
+  r.tensors.push_back(x);
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("large"), r);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  store->regions()[1].data[16] = 0x77;
+  store->regions()[0].data[999 * 4096] = 0x66;
+  StatusOr<EngineView> view = EngineView::Open(store->name());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->Find("x")->data[0], 0x77);
+  EXPECT_EQ(view->Find("model.layers.999.some_rather_long_parameter_name.weight")->data[0], 0x66);
+}
+
+}  // namespace
+}  // namespace wsync::inference
