@@ -28,13 +28,35 @@ int64_t Elements(const Shape& s) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Size of one part on TP rank r of `size` ranks: its own chunk, or, for a
-// part with fewer shards than ranks, the shard it shares with its neighbours.
-int64_t PartSize(const EnginePartDef& part, int64_t size, int64_t r) {
+// Where one part's piece on TP rank r of `size` ranks starts in the source
+// and how long it is: its own chunk, or, for a part with fewer shards than
+// ranks, the shard it shares with its neighbours.
+ChunkPiece PartPiece(const EnginePartDef& part, int64_t size, int64_t r) {
   if (part.shards > 0 && part.shards < size) {
-    return TorchChunk(part.size, part.shards, r * part.shards / size).size;
+    return TorchChunk(part.size, part.shards, r * part.shards / size);
   }
-  return TorchChunk(part.size, size, r).size;
+  return TorchChunk(part.size, size, r);
+}
+
+// Block fp8 quantizes each source tensor in 128x128 blocks before fusion, so
+// every cut of a source (TP chunk start) and every seam between fused parts
+// must fall on a block boundary.
+Status CheckFp8Cuts(const EngineTensorDef& def, const std::vector<ChunkPiece>& pieces,
+                    int64_t r) {
+  int64_t seam = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].offset % kBlock != 0 || (i + 1 < pieces.size() &&
+                                           (seam + pieces[i].size) % kBlock != 0)) {
+      return InvalidArgument(
+          "inference: fp8 tensor '" + def.name + "' on TP rank " + std::to_string(r) +
+          ": part " + std::to_string(i) + " is cut at " + std::to_string(pieces[i].offset) +
+          " (" + std::to_string(pieces[i].size) + " long), not on a " +
+          std::to_string(kBlock) + " boundary; choose a tp that keeps 128-row blocks whole, "
+          "or use dtype bf16");
+    }
+    seam += pieces[i].size;
+  }
+  return Status::Ok();
 }
 
 Status CheckLayout(const ModelDims& d, const InferenceLayout& l) {
@@ -64,9 +86,9 @@ Status CheckLayout(const ModelDims& d, const InferenceLayout& l) {
 }
 
 // The tensors of TP rank r (of the instance), placed in one region.
-InferenceRank BuildTpRank(const std::vector<EngineTensorDef>& defs, const InferenceLayout& l,
-                          int64_t r) {
-  InferenceRank rank;
+Status BuildTpRank(const std::vector<EngineTensorDef>& defs, const InferenceLayout& l,
+                   int64_t r, InferenceRank* out) {
+  InferenceRank& rank = *out;
   rank.tensors.reserve(defs.size());
   const bool fp8 = l.dtype == DType::kFP8E4M3;
   const DType plain = fp8 ? DType::kBF16 : l.dtype;
@@ -84,38 +106,31 @@ InferenceRank BuildTpRank(const std::vector<EngineTensorDef>& defs, const Infere
       t.experts = ExpertRange{start, start + count};
       t.shape[0] = count;
     }
-    // Sizes of the parts on this rank, along the dim that holds them.
-    const int32_t parts_dim = def.tp_split ? def.tp_dim : 0;
-    std::vector<int64_t> part_sizes;
-    part_sizes.reserve(def.parts.size());
+    // The parts' pieces on this rank, along the dim that holds them.
+    std::vector<ChunkPiece> pieces;
+    pieces.reserve(def.parts.size());
     for (const EnginePartDef& p : def.parts) {
-      part_sizes.push_back(by_tp ? PartSize(p, l.tp, r) : p.size);
+      pieces.push_back(by_tp ? PartPiece(p, l.tp, r) : ChunkPiece{0, p.size});
     }
     if (by_tp) {
       t.tp = TpSlice{def.tp_dim, static_cast<int32_t>(r), l.tp};
       int64_t sum = 0;
-      for (int64_t s : part_sizes) sum += s;
+      for (const ChunkPiece& piece : pieces) sum += piece.size;
       t.shape[def.tp_dim] = sum;
     }
     t.dtype = def.fp32 ? DType::kFP32 : (def.quantizable && fp8 ? DType::kFP8E4M3 : plain);
+    if (t.dtype == DType::kFP8E4M3) WSYNC_RETURN_IF_ERROR(CheckFp8Cuts(def, pieces, r));
     t.where = {"weights", offset};
     offset = AlignUp(offset + static_cast<uint64_t>(Elements(t.shape) * DTypeSize(t.dtype)));
     if (t.dtype == DType::kFP8E4M3) {
-      // One fp32 scale per 128x128 block of each source part (the expert
-      // dim, if any, stays as is).
+      // One fp32 scale per 128x128 block of the last two dims (the expert
+      // dim, if any, stays as is); the cuts are on block boundaries (above).
       ScaleTensor s;
       s.name = def.name + "_scale_inv";
       s.dtype = DType::kFP32;
-      const size_t first = def.expert_stacked ? 1 : 0;
       s.shape = t.shape;
-      for (size_t k = first; k < t.shape.size(); ++k) {
-        if (static_cast<int32_t>(k) == parts_dim) {
-          int64_t blocks = 0;
-          for (int64_t ps : part_sizes) blocks += CeilDiv(ps, kBlock);
-          s.shape[k] = blocks;
-        } else {
-          s.shape[k] = CeilDiv(t.shape[k], kBlock);
-        }
+      for (size_t k = t.shape.size() - 2; k < t.shape.size(); ++k) {
+        s.shape[k] = CeilDiv(t.shape[k], kBlock);
       }
       s.where = {"weights", offset};
       offset = AlignUp(offset + static_cast<uint64_t>(Elements(s.shape) * DTypeSize(s.dtype)));
@@ -124,7 +139,7 @@ InferenceRank BuildTpRank(const std::vector<EngineTensorDef>& defs, const Infere
     rank.tensors.push_back(std::move(t));
   }
   rank.regions.push_back({"weights", offset, ""});
-  return rank;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -132,9 +147,10 @@ InferenceRank BuildTpRank(const std::vector<EngineTensorDef>& defs, const Infere
 Status BuildInferenceSpec(const ModelDims& d, const InferenceLayout& l, InferenceSpec* out) {
   WSYNC_RETURN_IF_ERROR(CheckLayout(d, l));
   const std::vector<EngineTensorDef> defs = EngineTensors(d);
-  std::vector<InferenceRank> per_tp_rank;
-  per_tp_rank.reserve(static_cast<size_t>(l.tp));
-  for (int64_t r = 0; r < l.tp; ++r) per_tp_rank.push_back(BuildTpRank(defs, l, r));
+  std::vector<InferenceRank> per_tp_rank(static_cast<size_t>(l.tp));
+  for (int64_t r = 0; r < l.tp; ++r) {
+    WSYNC_RETURN_IF_ERROR(BuildTpRank(defs, l, r, &per_tp_rank[r]));
+  }
 
   InferenceSpec spec;
   spec.ranks.reserve(static_cast<size_t>(l.gpus));

@@ -157,12 +157,41 @@ TEST(InferenceLayout, GqaHeadsReplicatedWhenTpExceedsKvHeads) {
 }
 
 TEST(InferenceLayout, EveryExamplePacksEveryRank) {
-  for (const char* ex : {"tiny-moe-4x2", "llama3-8b-16x8", "qwen3-235b-64x32",
-                         "deepseek-v3-128x64"}) {
+  for (const char* ex : {"tiny-moe-4x2", "demo-moe-4x2", "llama3-8b-16x8",
+                         "qwen3-235b-64x32", "deepseek-v3-128x64"}) {
     SCOPED_TRACE(ex);
     auto specs = GenerateFromClusterFile(test::ExampleCluster(ex));
     ASSERT_TRUE(specs.ok()) << specs.status().ToString();
     for (const InferenceRank& r : specs->inference.ranks) ExpectPacked(r);
+  }
+}
+
+TEST(InferenceLayout, Fp8CutOffBlockBoundaryIsAnError) {
+  // The tiny model's q rows (64) split over TP 2 give 32-row pieces: a real
+  // block-fp8 engine cannot hold them, so generation says so up front.
+  auto cluster = LoadClusterSpec(test::ExampleCluster("tiny-moe-4x2"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  cluster->inference.dtype = DType::kFP8E4M3;
+  auto config = ReadJsonDocument(cluster->model_path);
+  ASSERT_TRUE(config.ok());
+  auto specs = GenerateSpecs(*config, *cluster);
+  ASSERT_FALSE(specs.ok());
+  EXPECT_NE(specs.status().message().find(
+                "fp8 tensor 'model.layers.0.self_attn.qkv_proj.weight' on TP rank 0"),
+            std::string::npos)
+      << specs.status().message();
+}
+
+TEST(InferenceLayout, DemoFp8ScalesCoverBlocks) {
+  auto specs = GenerateFromClusterFile(test::ExampleCluster("demo-moe-4x2"));
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  for (const InferenceRank& r : specs->inference.ranks) {
+    for (const InferenceTensor& t : r.tensors) {
+      if (!t.scale) continue;
+      const size_t n = t.shape.size();
+      EXPECT_EQ(t.scale->shape[n - 2], (t.shape[n - 2] + 127) / 128) << t.name;
+      EXPECT_EQ(t.scale->shape[n - 1], (t.shape[n - 1] + 127) / 128) << t.name;
+    }
   }
 }
 
