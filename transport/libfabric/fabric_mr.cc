@@ -1,0 +1,39 @@
+#include "transport/libfabric/fabric_mr.h"
+
+#include <rdma/fi_domain.h>
+#include <rdma/fi_errno.h>
+#include <sys/uio.h>
+
+namespace wsync::transport::fabric {
+
+StatusOr<FabricMr> FabricMr::Register(const FabricDomain& domain, void* data, uint64_t length,
+                                      MemoryKind kind, int device, uint64_t requested_key) {
+  iovec iov{data, length};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  // Local write/read for our own ops, remote write for peers' writes.
+  attr.access = FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_WRITE | FI_REMOTE_READ;
+  attr.requested_key = requested_key;
+  if (kind == MemoryKind::kCuda) {
+    if (!(domain.info().caps & FI_HMEM))
+      return FailedPrecondition("registering CUDA memory needs an engine created with enable_hmem");
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device;
+  } else {
+    attr.iface = FI_HMEM_SYSTEM;
+  }
+  fid_mr* mr = nullptr;
+  int ret = fi_mr_regattr(domain.domain(), &attr, 0, &mr);
+  if (ret != 0)
+    return FiError("fi_mr_regattr", ret,
+                   std::to_string(length) + " bytes of " + (kind == MemoryKind::kCuda ? "CUDA" : "host") + " memory");
+  FabricMr out;
+  out.mr_.reset(mr);
+  out.desc_ = fi_mr_desc(mr);
+  out.key_ = fi_mr_key(mr);
+  if (out.key_ == FI_KEY_NOTAVAIL) return FiError("fi_mr_key", -FI_ENOKEY);
+  return out;
+}
+
+}  // namespace wsync::transport::fabric

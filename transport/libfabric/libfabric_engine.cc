@@ -1,0 +1,185 @@
+#include "transport/libfabric/libfabric_engine.h"
+
+#include "transport/libfabric/callback_thread.h"
+#include "transport/libfabric/domain_group.h"
+#include "transport/libfabric/memory_region.h"
+
+namespace wsync::transport::fabric {
+
+class LibfabricEngine final : public Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> Create(const LibfabricOptions& options) {
+    std::unique_ptr<LibfabricEngine> engine(new LibfabricEngine);
+    WSYNC_ASSIGN_OR_RETURN(engine->group_, DomainGroup::Start(options, &engine->callbacks_));
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
+
+  // The group (worker) stops first and hands its aborted requests to the
+  // callback thread, which runs them and then stops (members in reverse).
+  ~LibfabricEngine() override { group_.reset(); }
+
+  const std::string& provider() const override { return group_->provider(); }
+  uint32_t num_nics() const override { return group_->num_nics(); }
+  const PeerAddress& local_address() const override { return group_->address(); }
+  uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
+
+  StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length, MemoryKind kind,
+                                                   int device) override {
+    if (data == nullptr || length == 0) return InvalidArgument("register: null pointer or zero length");
+    auto region = std::make_unique<LibfabricMemoryRegion>(group_.get(), data, length, kind);
+    region->device_ = device;
+    WSYNC_RETURN_IF_ERROR(group_->RunOnWorker([&] { return region->RegisterOnWorker(); }));
+    return std::unique_ptr<MemoryRegion>(std::move(region));
+  }
+
+  StatusOr<PeerId> AddPeer(const PeerAddress& address) override {
+    PeerId id = 0;
+    WSYNC_RETURN_IF_ERROR(group_->RunOnWorker([&]() -> Status {
+      WSYNC_ASSIGN_OR_RETURN(id, group_->AddPeerOnWorker(address));
+      return Status::Ok();
+    }));
+    return id;
+  }
+
+  StatusOr<RemoteMemory> Import(const MemoryDescriptor& descriptor) override {
+    if (descriptor.nics.size() != num_nics())
+      return InvalidArgument("import: descriptor names " + std::to_string(descriptor.nics.size()) +
+                             " NICs, this engine has " + std::to_string(num_nics()) +
+                             "; all peers must use the same NIC count");
+    PeerAddress address;
+    for (const NicKey& nic : descriptor.nics) address.nics.push_back(nic.nic_address);
+    WSYNC_ASSIGN_OR_RETURN(PeerId peer, AddPeer(address));
+    RemoteMemory remote;
+    remote.peer = peer;
+    remote.address = descriptor.address;
+    remote.length = descriptor.length;
+    remote.num_nics = num_nics();
+    for (uint32_t i = 0; i < num_nics(); ++i) remote.keys[i] = descriptor.nics[i].key;
+    return remote;
+  }
+
+  Status Write(SingleWrite w, Callback done) override {
+    WSYNC_RETURN_IF_ERROR(CheckSource(w.src, w.src_offset, w.length, "write"));
+    WSYNC_RETURN_IF_ERROR(CheckTarget(w.dst, w.dst_offset, w.length, "write"));
+    auto* r = NewRequest(RequestKind::kWrite, std::move(done));
+    r->write = std::move(w);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status WritePaged(PagedWrite p, Callback done) override {
+    if (p.src_pages.indices.size() != p.dst_pages.indices.size())
+      return InvalidArgument("paged write: " + std::to_string(p.src_pages.indices.size()) + " source pages but " +
+                             std::to_string(p.dst_pages.indices.size()) + " destination pages");
+    if (p.page_length == 0 && !p.src_pages.indices.empty())
+      return InvalidArgument("paged write: page_length is 0");
+    for (size_t i = 0; i < p.src_pages.indices.size(); ++i) {
+      const uint64_t s = p.src_pages.offset + uint64_t{p.src_pages.indices[i]} * p.src_pages.stride;
+      const uint64_t d = p.dst_pages.offset + uint64_t{p.dst_pages.indices[i]} * p.dst_pages.stride;
+      const std::string what = "paged write, page " + std::to_string(i);
+      WSYNC_RETURN_IF_ERROR(CheckSource(p.src, s, p.page_length, what));
+      WSYNC_RETURN_IF_ERROR(CheckTarget(p.dst, d, p.page_length, what));
+    }
+    auto* r = NewRequest(RequestKind::kPaged, std::move(done));
+    r->paged = std::move(p);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status Scatter(ScatterWrite s, Callback done) override {
+    for (size_t i = 0; i < s.slices.size(); ++i) {
+      const ScatterSlice& slice = s.slices[i];
+      const std::string what = "scatter, slice " + std::to_string(i);
+      WSYNC_RETURN_IF_ERROR(CheckSource(s.src, slice.src_offset, slice.length, what));
+      WSYNC_RETURN_IF_ERROR(CheckTarget(slice.dst, slice.dst_offset, slice.length, what));
+    }
+    auto* r = NewRequest(RequestKind::kScatter, std::move(done));
+    r->scatter = std::move(s);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status Barrier(BarrierWrite b, Callback done) override {
+    for (size_t i = 0; i < b.peers.size(); ++i)
+      WSYNC_RETURN_IF_ERROR(CheckTarget(b.peers[i], 0, 0, "barrier, peer " + std::to_string(i)));
+    auto* r = NewRequest(RequestKind::kBarrier, std::move(done));
+    r->barrier = std::move(b);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status Send(PeerId peer, std::string message, Callback done) override {
+    if (peer >= group_->num_peers())
+      return NotFound("send: unknown peer " + std::to_string(peer) + "; add it with AddPeer first");
+    if (message.size() > kMaxControlMessage)
+      return InvalidArgument("send: " + std::to_string(message.size()) + "-byte message exceeds the " +
+                             std::to_string(kMaxControlMessage) + "-byte control limit; write bulk data with Write");
+    auto* r = NewRequest(RequestKind::kSend, std::move(done));
+    r->peer = peer;
+    r->message = std::move(message);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status Recv(RecvCallback done) override {
+    auto* r = new Request;
+    r->kind = RequestKind::kRecv;
+    r->recv_done = std::move(done);
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+  Status Expect(uint32_t imm, uint32_t count, Callback done, Clock::time_point deadline) override {
+    auto* r = NewRequest(RequestKind::kExpect, std::move(done));
+    r->imm = imm;
+    r->count = count;
+    r->expect_deadline = deadline;
+    group_->Submit(r);
+    return Status::Ok();
+  }
+
+ private:
+  LibfabricEngine() = default;
+
+  static Request* NewRequest(RequestKind kind, Callback done) {
+    auto* r = new Request;
+    r->kind = kind;
+    r->done = std::move(done);
+    return r;
+  }
+
+  Status CheckSource(const MemoryRegion* src, uint64_t offset, uint64_t length, const std::string& what) const {
+    if (length == 0) return Status::Ok();
+    if (src == nullptr) return InvalidArgument(what + ": no source region");
+    auto* region = dynamic_cast<const LibfabricMemoryRegion*>(src);
+    if (region == nullptr || region->group() != group_.get())
+      return InvalidArgument(what + ": source region was registered with another engine");
+    if (offset > src->length() || length > src->length() - offset)
+      return OutOfRange(what + ": source bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                        ") leave the " + std::to_string(src->length()) + "-byte local region");
+    return Status::Ok();
+  }
+
+  Status CheckTarget(const RemoteMemory& dst, uint64_t offset, uint64_t length, const std::string& what) const {
+    if (dst.peer >= group_->num_peers())
+      return NotFound(what + ": unknown peer " + std::to_string(dst.peer) + "; resolve its descriptor with Import");
+    if (dst.num_nics != num_nics())
+      return InvalidArgument(what + ": remote region has " + std::to_string(dst.num_nics) + " NIC keys, engine " +
+                             std::to_string(num_nics()) + " NICs; resolve the descriptor with Import");
+    if (offset > dst.length || length > dst.length - offset)
+      return OutOfRange(what + ": remote bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                        ") leave the " + std::to_string(dst.length) + "-byte remote region of peer " +
+                        std::to_string(dst.peer));
+    return Status::Ok();
+  }
+
+  // Members in creation order: callbacks outlive the group that feeds them.
+  CallbackThread callbacks_;
+  std::unique_ptr<DomainGroup> group_;
+};
+
+StatusOr<std::unique_ptr<Engine>> CreateLibfabricEngine(const LibfabricOptions& options) {
+  return LibfabricEngine::Create(options);
+}
+
+}  // namespace wsync::transport::fabric

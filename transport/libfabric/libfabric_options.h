@@ -1,0 +1,44 @@
+// Settings of the libfabric backend, chosen once at engine creation (never
+// per call). Read by fabric_info (provider choice), domain_group (threads,
+// splitting, timeouts) and the bench/tests that build engines.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace wsync::transport::fabric {
+
+struct LibfabricOptions {
+  // Provider by libfabric name: "efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "shm".
+  std::string provider = "shm";
+  // Endpoints opened, one per NIC. On machines without several NICs, several
+  // endpoints of one provider stand in for them.
+  uint32_t num_nics = 1;
+  // Local address to bind (passed to fi_getinfo with FI_SOURCE), e.g. the
+  // IP of the interface for tcp. Empty: the provider's default.
+  std::string node;
+  // Ask for FI_HMEM (needed to register CUDA memory).
+  bool enable_hmem = false;
+  // Pin the worker to a core near this GPU (hwloc); if the GPU is not found
+  // (or gpu < 0) pin to `core` when core >= 0; otherwise do not pin.
+  int gpu = -1;
+  int core = -1;
+  // A SingleWrite at least this large is split evenly across all NICs.
+  // Below it one NIC finishes sooner than splitting (measured: see
+  // docs/transport.md).
+  uint64_t split_threshold = 4ull << 20;
+  // A request whose operations have not all completed by then fails with
+  // DEADLINE_EXCEEDED (the peer is dead or unreachable); bounds every wait.
+  std::chrono::milliseconds op_timeout{30000};
+  // After this long with nothing to do the worker sleeps in short naps of
+  // `idle_nap` (a submit wakes it at once; remote arrivals wait <= one nap).
+  // Zero idle_after keeps it spinning (benchmarks).
+  std::chrono::microseconds idle_after{2000};
+  std::chrono::microseconds idle_nap{200};
+  // Operations posted and not yet completed, per NIC. Above it requests
+  // wait in the partly-posted list (back-pressure, like FI_EAGAIN).
+  uint32_t max_inflight_per_nic = 256;
+};
+
+}  // namespace wsync::transport::fabric
