@@ -68,7 +68,7 @@ float Bf16ToFp32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32
 
 uint16_t Fp32ToBf16(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & kFp32AbsMask) > kFp32Inf) return 0x7FC0;
+  if ((bits & kFp32AbsMask) > kFp32Inf) return 0x7FFF;  // CUDA's canonical NaN
   // Round to nearest even on the 16 dropped bits; a carry into the exponent
   // is the correct result (up to infinity).
   const uint32_t lsb = (bits >> 16) & 1u;
@@ -79,7 +79,7 @@ uint8_t Fp32ToE4M3(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs = bits & kFp32AbsMask;
-  if (abs > kFp32Inf) return sign | kE4M3NaNCode;
+  if (abs > kFp32Inf) return kE4M3NaNCode;  // canonical, sign dropped, as cvt.satfinite does
   if (abs >= kFp32Bits448) return sign | kE4M3MaxCode;  // saturate, incl. inf
 
   if (abs >= kFp32BitsMinNormalE4M3) {

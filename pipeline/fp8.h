@@ -10,16 +10,18 @@
 //
 // Conventions (every one is a choice the GPU kernel must copy):
 //  - bf16 -> fp32 is exact (shift by 16). fp32 -> bf16 rounds to nearest even;
-//    NaN becomes 0x7FC0 (as torch's c10::BFloat16 does).
+//    every NaN becomes 0x7FFF, as CUDA's __float2bfloat16_rn does (torch's
+//    CPU c10::BFloat16 gives 0x7FC0 instead).
 //  - e4m3fn (OCP "float8_e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa
 //    bits; no infinities; S.1111.111 is NaN; largest finite 448; smallest
 //    subnormal 2^-9. Encoding rounds to nearest, ties to even, and saturates:
-//    any |x| > 448 (including infinity) becomes +-448. NaN becomes S.1111.111
-//    with the input's sign. This is CUDA's __nv_cvt_float_to_fp8(x,
-//    __NV_SATFINITE, __NV_E4M3) / PTX cvt.rn.satfinite.e4m3x2.f32 (what
-//    Triton's tl.float8e4nv cast emits on Hopper). torch's
-//    `.to(torch.float8_e4m3fn)` agrees except that it turns |x| >= 480 into
-//    NaN instead of saturating; quantized values never reach 480 (below).
+//    any |x| > 448 (including infinity) becomes +-448. Every NaN becomes
+//    0x7F (0.1111.111, sign dropped). This is CUDA's __nv_cvt_float_to_fp8(x,
+//    __NV_SATFINITE, __NV_E4M3) and Triton's fp32 -> tl.float8e4nv cast:
+//    tests/pipeline/gpu/ checked both against these functions for all 2^32
+//    fp32 inputs on an H200. torch's `.to(torch.float8_e4m3fn)` agrees on
+//    |x| < 480 but keeps NaN's sign and turns |x| >= 480 into NaN instead
+//    of saturating; quantized values never reach 480 (below).
 //  - Block quantization (DeepSeek-V3 inference/kernel.py act_quant and the
 //    docs/SCHEMA.md formula): per 128x128 block (edge blocks partial, no
 //    padding taken into the max),
