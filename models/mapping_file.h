@@ -1,9 +1,6 @@
-// Reads a wsync.mapping/v1 file (configs/mappings/) into a MappingSpec,
-// resolving "{name}" shard counts from the model's config.json.
-//
-// Used by GenerateSpecs. A stand-in until routing/spec_io.h's loader lands;
-// it accepts exactly the format docs/SCHEMA.md describes, unknown keys
-// included as errors, so the two cannot drift silently.
+// File reading for the generator: the model's config.json and the family's
+// wsync.mapping/v1 file (configs/mappings/), whose "{name}" shard counts are
+// resolved from that config by routing's strict loader (routing/spec_io.h).
 #pragma once
 
 #include <string>
@@ -15,14 +12,11 @@
 
 namespace wsync {
 
-StatusOr<MappingSpec> ParseMappingDocument(const nlohmann::json& doc,
-                                           const nlohmann::json& model_config,
-                                           const std::string& origin);
-
+// ParseMappingSpecFromFile with `model_config` for the placeholders.
 StatusOr<MappingSpec> LoadMappingFile(const std::string& path,
                                       const nlohmann::json& model_config);
 
-// Reads a JSON file; errors name the file and the parser's message.
+// Reads a JSON file; errors name the file and say what is wrong.
 StatusOr<nlohmann::json> ReadJsonDocument(const std::string& path);
 
 }  // namespace wsync
