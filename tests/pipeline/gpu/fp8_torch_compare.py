@@ -42,7 +42,8 @@ def triton_cast_sweep():
             example = (float(x[i]), int(y.view(torch.uint8)[i]), int(ref.view(torch.uint8)[i]))
         del x, y, ref, diff, isnan
     print(f"triton fp32->float8e4nv vs RNE+saturate, all 2^32 inputs: {finite_bad} finite "
-          f"mismatches, {nan_bad} NaN-input mismatches" + (f", e.g. {example}" if example else ""))
+          f"mismatches, {nan_bad} NaN-input mismatches (torch keeps a NaN's sign, the GPU "
+          f"returns 0x7F)" + (f", e.g. {example}" if example else ""))
 
 
 def block_conventions(rows=4096, cols=7168, seed=0):
