@@ -1,0 +1,163 @@
+// The tiny llama fixture (tests/routing/data, written by make_fixtures.py):
+// exact ops for a few tensors, derived by hand from the layout rules, plus
+// the independent byte-coverage check over the whole plan.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "routing/json_reader.h"
+#include "routing/planner.h"
+#include "routing/spec_io.h"
+#include "tests/routing/test_specs.h"
+
+namespace wsync {
+namespace {
+
+std::string Data(const std::string& f) { return std::string(WSYNC_ROUTING_TEST_DATA) + "/" + f; }
+
+struct Tiny {
+  TrainerSpec trainer;
+  InferenceSpec inference;
+  MappingSpec mapping;
+};
+
+Tiny LoadTiny() {
+  Tiny t;
+  auto config = ReadJsonFile(Data("tiny_config.json"));
+  auto tr = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  auto in = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  auto mp = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &*config);
+  EXPECT_TRUE(tr.ok() && in.ok() && mp.ok());
+  t.trainer = *tr;
+  t.inference = *in;
+  t.mapping = *mp;
+  return t;
+}
+
+// Compact view of one op for comparisons: source name, kind, box, offset, bytes.
+struct OpView {
+  std::string src;
+  char kind;
+  std::vector<int64_t> offset, size;
+  uint64_t dst_offset, bytes;
+  bool operator==(const OpView&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const OpView& v) {
+  os << v.src << " " << v.kind << " off[";
+  for (auto x : v.offset) os << x << ",";
+  os << "] size[";
+  for (auto x : v.size) os << x << ",";
+  return os << "] @" << v.dst_offset << " +" << v.bytes;
+}
+
+std::vector<OpView> OpsFor(const RoutingTable& t, int32_t rank, const std::string& name,
+                           std::vector<int32_t>* senders = nullptr) {
+  std::vector<std::pair<const WriteOp*, OpView>> out;
+  for (const WriteOp& op : t.ops) {
+    const DestTensor& d = t.destinations[op.dst];
+    if (d.rank != rank || d.name != name) continue;
+    OpView v{t.sources[op.src].name, op.kind == WriteKind::kScale ? 's' : 'w', {}, {}, op.dst_offset, op.bytes};
+    for (int i = 0; i < op.src_box.ndim; ++i) {
+      v.offset.push_back(op.src_box.offset[i]);
+      v.size.push_back(op.src_box.size[i]);
+    }
+    out.push_back({&op, v});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.second.kind == 's', a.second.dst_offset) < std::make_pair(b.second.kind == 's', b.second.dst_offset);
+  });
+  std::vector<OpView> views;
+  for (auto& [op, v] : out) {
+    views.push_back(v);
+    if (senders) senders->push_back(op->src_rank);
+  }
+  return views;
+}
+
+const std::string L0 = "model.layers.0.";
+
+TEST(PlannerGoldenTest, WholePlanPassesTheIndependentChecker) {
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  auto check = testing::CheckPlan(t.trainer, t.inference, *table);
+  EXPECT_EQ(check.error, "");
+  EXPECT_EQ(table->mesh_groups.size(), 1u);
+  EXPECT_EQ(table->mesh_groups[0].ranks, (std::vector<int32_t>{0, 1, 2, 3}));
+  ASSERT_EQ(table->trainer_endpoints.size(), 4u);
+  EXPECT_EQ(table->trainer_endpoints[3].host, "trainer-1");
+  EXPECT_EQ(table->trainer_endpoints[3].nic, 1);
+  ASSERT_EQ(table->inference_endpoints.size(), 2u);
+}
+
+TEST(PlannerGoldenTest, FusedQkvWithReplicatedKvHeads) {
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  // TP 2 on dim 0: q rows [0,128) on rank 0 and [128,256) on rank 1; the one
+  // kv head (shards 1) is replicated, so both ranks get all of k and v.
+  const uint64_t part = 128 * 256 * 2;
+  std::vector<OpView> want0 = {
+      {L0 + "self_attn.q_proj.weight", 'w', {0, 0}, {128, 256}, 0, part},
+      {L0 + "self_attn.k_proj.weight", 'w', {0, 0}, {128, 256}, part, part},
+      {L0 + "self_attn.v_proj.weight", 'w', {0, 0}, {128, 256}, 2 * part, part}};
+  EXPECT_EQ(OpsFor(*table, 0, L0 + "self_attn.qkv_proj.weight"), want0);
+  std::vector<OpView> want1 = want0;
+  want1[0].offset = {128, 0};
+  EXPECT_EQ(OpsFor(*table, 1, L0 + "self_attn.qkv_proj.weight"), want1);
+}
+
+TEST(PlannerGoldenTest, RowParallelAndFp8ScalesAreOneContiguousWriteEach) {
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  // o_proj TP on dim 1: rank 1 holds columns [128, 256) of every row; the
+  // destination is the whole local tensor, so one write.
+  std::vector<OpView> want_o = {{L0 + "self_attn.o_proj.weight", 'w', {0, 128}, {256, 128}, 0, 256 * 128 * 2}};
+  EXPECT_EQ(OpsFor(*table, 1, L0 + "self_attn.o_proj.weight"), want_o);
+  // down_proj fp8 [256, 512] TP dim 1: 1-byte weights, then the 2x2 block
+  // grid of columns [256, 512) = blocks [2, 4) of the source's 2x4 grid.
+  std::vector<int32_t> senders;
+  std::vector<OpView> want_down = {
+      {L0 + "mlp.down_proj.weight", 'w', {0, 256}, {256, 256}, 0, 256 * 256},
+      {L0 + "mlp.down_proj.weight", 's', {0, 2}, {2, 2}, 0, 16}};
+  EXPECT_EQ(OpsFor(*table, 1, L0 + "mlp.down_proj.weight", &senders), want_down);
+  ASSERT_EQ(senders.size(), 2u);
+  EXPECT_EQ(senders[0], senders[1]) << "the rank that quantizes a box sends its scales";
+}
+
+TEST(PlannerGoldenTest, TiedLmHeadAndUnevenVocabSplit) {
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  // 1003 rows over TP 2: 502 + 501.
+  std::vector<OpView> want = {{"model.embed_tokens.weight", 'w', {502, 0}, {501, 256}, 0, 501 * 256 * 2}};
+  EXPECT_EQ(OpsFor(*table, 1, "lm_head.weight"), want);
+  EXPECT_EQ(OpsFor(*table, 1, "model.embed_tokens.weight"), want);
+}
+
+TEST(PlannerGoldenTest, SendersAreBalancedAndDeterministic) {
+  Tiny t = LoadTiny();
+  auto a = Plan(t.trainer, t.inference, t.mapping);
+  auto b = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->ops.size(), b->ops.size());
+  for (size_t i = 0; i < a->ops.size(); ++i) {
+    EXPECT_EQ(a->ops[i].src_rank, b->ops[i].src_rank);
+    EXPECT_EQ(a->ops[i].dst_offset, b->ops[i].dst_offset);
+    EXPECT_EQ(a->ops[i].src_box, b->ops[i].src_box);
+  }
+  std::vector<uint64_t> load(4, 0);
+  uint64_t total = 0, biggest = 0;
+  for (const WriteOp& op : a->ops) {
+    load[op.src_rank] += op.bytes;
+    total += op.bytes;
+    biggest = std::max(biggest, op.bytes);
+  }
+  // Greedy largest-first: no rank exceeds the mean by more than the largest job.
+  for (uint64_t l : load) EXPECT_LE(l, total / 4 + biggest);
+}
+
+}  // namespace
+}  // namespace wsync

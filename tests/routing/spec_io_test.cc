@@ -1,0 +1,158 @@
+// JSON loaders: fixtures load, round trip, and user mistakes give one line
+// that names the file and the tensor.
+#include "routing/spec_io.h"
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "routing/json_reader.h"
+#include "routing/plan_io.h"
+#include "routing/planner.h"
+
+namespace wsync {
+namespace {
+
+using nlohmann::json;
+
+std::string Data(const std::string& f) { return std::string(WSYNC_ROUTING_TEST_DATA) + "/" + f; }
+
+json Load(const std::string& f) {
+  auto j = ReadJsonFile(Data(f));
+  EXPECT_TRUE(j.ok()) << j.status().message();
+  return *j;
+}
+
+void ExpectOneLine(const Status& s) { EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message(); }
+
+TEST(SpecIoTest, FixturesLoadAndRoundTrip) {
+  auto trainer = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  auto inference = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  ASSERT_TRUE(inference.ok()) << inference.status().message();
+  json config = Load("tiny_config.json");
+  auto mapping = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &config);
+  ASSERT_TRUE(mapping.ok()) << mapping.status().message();
+  EXPECT_EQ(trainer->ranks.size(), 4u);
+  EXPECT_EQ(inference->ranks.size(), 2u);
+  EXPECT_EQ(*mapping->rules[0].parts[1].shards, 1);  // "{num_key_value_heads}"
+
+  auto t2 = ParseTrainerSpec(ToJson(*trainer), "rt");
+  ASSERT_TRUE(t2.ok()) << t2.status().message();
+  EXPECT_EQ(ToJson(*t2), ToJson(*trainer));
+  auto i2 = ParseInferenceSpec(ToJson(*inference), "rt");
+  ASSERT_TRUE(i2.ok()) << i2.status().message();
+  EXPECT_EQ(ToJson(*i2), ToJson(*inference));
+  auto m2 = ParseMappingSpec(ToJson(*mapping), "rt");
+  ASSERT_TRUE(m2.ok()) << m2.status().message();
+  EXPECT_EQ(ToJson(*m2), ToJson(*mapping));
+}
+
+TEST(SpecIoTest, MalformedJsonNamesFileAndPosition) {
+  const std::string path = ::testing::TempDir() + "/broken_trainer.json";
+  std::ofstream(path) << "{\"schema\": \"wsync.trainer/v1\",\n \"ranks\": [1, 2,]}";
+  auto r = ParseTrainerSpecFromFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("line 2"), std::string::npos) << r.status().message();
+  ExpectOneLine(r.status());
+}
+
+TEST(SpecIoTest, MissingFileIsNotFound) {
+  auto r = ParseInferenceSpecFromFile("/nonexistent/inference.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/inference.json"), std::string::npos);
+}
+
+TEST(SpecIoTest, UnknownKeyInAParamIsAnErrorNamingRankAndTensor) {
+  json j = Load("tiny_trainer.json");
+  j["ranks"][2]["params"][3]["placement"] = {"Shard(0)"};  // typo of "placements"
+  auto r = ParseTrainerSpec(j, "t.json");
+  ASSERT_FALSE(r.ok());
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("t.json: rank 2: tensor 'model.layers.0.self_attn.v_proj.weight'"), std::string::npos) << m;
+  EXPECT_NE(m.find("unknown key 'placement'"), std::string::npos) << m;
+  ExpectOneLine(r.status());
+}
+
+TEST(SpecIoTest, BadDtypeAndPlacementSpellings) {
+  json j = Load("tiny_trainer.json");
+  j["ranks"][0]["params"][0]["dtype"] = "bfloat17";
+  auto r = ParseTrainerSpec(j, "t.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unknown dtype 'bfloat17'"), std::string::npos);
+  j = Load("tiny_trainer.json");
+  j["ranks"][0]["params"][0]["placements"] = {"Shard(x)"};
+  r = ParseTrainerSpec(j, "t.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("Shard(x)"), std::string::npos);
+  // torch spellings are accepted
+  j = Load("tiny_trainer.json");
+  for (auto& rank : j["ranks"]) rank["params"][0]["dtype"] = "torch.bfloat16";
+  EXPECT_TRUE(ParseTrainerSpec(j, "t.json").ok());
+}
+
+TEST(SpecIoTest, InferenceUnknownKeyInsideTp) {
+  json j = Load("tiny_inference.json");
+  j["ranks"][1]["tensors"][0]["tp"]["sizee"] = 2;
+  auto r = ParseInferenceSpec(j, "i.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("i.json: rank 1: tensor 'model.embed_tokens.weight': tp"),
+            std::string::npos) << r.status().message();
+}
+
+TEST(SpecIoTest, ShardsPlaceholderNeedsAConfig) {
+  json j = Load("tiny_mapping.json");
+  auto r = ParseMappingSpec(j, "m.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("{num_key_value_heads}"), std::string::npos);
+  json config = {{"hidden_size", 8}};
+  r = ParseMappingSpec(j, "m.json", &config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no integer 'num_key_value_heads'"), std::string::npos);
+}
+
+TEST(SpecIoTest, MappingRuleWithTwoKindsOrBadPatternIsRejected) {
+  json j = {{"rules", json::array({{{"engine", "a"}, {"source", "b"}, {"tied", "c"}}})}};
+  auto r = ParseMappingSpec(j, "m.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("m.json: rules[0]"), std::string::npos);
+  j = {{"rules", json::array({{{"engine", "layers.{L.w"}, {"source", "x.{L}"}}})}};
+  r = ParseMappingSpec(j, "m.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unbalanced"), std::string::npos);
+  j = {{"rules", json::array({{{"engine", "layers.w"}, {"source", "x.{L}"}}})}};
+  r = ParseMappingSpec(j, "m.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("does not bind"), std::string::npos);
+}
+
+TEST(SpecIoTest, PlanJsonRoundTripsAndWritesAtomically) {
+  auto trainer = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  auto inference = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  json config = Load("tiny_config.json");
+  auto mapping = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &config);
+  ASSERT_TRUE(trainer.ok() && inference.ok() && mapping.ok());
+  auto table = Plan(*trainer, *inference, *mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  json j = PlanToJson(*table);
+  EXPECT_EQ(j["schema"], "wsync.plan/v1");
+  EXPECT_EQ(j["ops"].size(), table->ops.size());
+  auto back = PlanFromJson(j, "plan.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(PlanToJson(*back), j);
+
+  const std::string path = ::testing::TempDir() + "/plan.json";
+  ASSERT_TRUE(WritePlanFile(*table, path).ok());
+  auto read = ReadJsonFile(path);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(*read, j);
+  std::ifstream tmp(path + ".tmp");
+  EXPECT_FALSE(tmp.good()) << "temp file left behind";
+  // A directory that does not exist: error, nothing written.
+  EXPECT_FALSE(WritePlanFile(*table, "/nonexistent-dir/plan.json").ok());
+}
+
+}  // namespace
+}  // namespace wsync

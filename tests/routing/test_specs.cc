@@ -1,0 +1,256 @@
+#include "tests/routing/test_specs.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace wsync::testing {
+
+std::vector<std::pair<int64_t, int64_t>> TorchChunks(int64_t n, int64_t k) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t c = n == 0 ? 0 : (n + k - 1) / k;
+  if (c > 0)
+    for (int64_t s = 0; s < n; s += c) out.push_back({s, std::min(c, n - s)});
+  while (static_cast<int64_t>(out.size()) < k) out.push_back({n, 0});
+  return out;
+}
+
+TrainerSpec BuildTrainer(const std::vector<MeshDef>& meshes, const std::vector<GroupDef>& groups,
+                         const std::vector<ParamDef>& params, int ranks_per_host) {
+  TrainerSpec spec;
+  int64_t n = 1;
+  for (int64_t s : meshes.at(0).shape) n *= s;
+  for (const GroupDef& g : groups) spec.mesh_groups.push_back({g.name, g.mesh, g.gather});
+  for (int64_t r = 0; r < n; ++r) {
+    TrainerRank rank;
+    rank.rank = static_cast<int32_t>(r);
+    rank.host = "trainer-" + std::to_string(r / ranks_per_host);
+    rank.gpu = static_cast<int32_t>(r % ranks_per_host);
+    rank.nic = rank.gpu;
+    for (const MeshDef& m : meshes) {
+      MeshCoord c{m.id, m.shape, m.dims, {}};
+      c.coord.resize(m.shape.size());
+      int64_t rest = r;
+      for (size_t d = m.shape.size(); d-- > 0;) {
+        c.coord[d] = rest % m.shape[d];
+        rest /= m.shape[d];
+      }
+      rank.meshes.push_back(c);
+    }
+    for (const ParamDef& p : params) {
+      const GroupDef* g = nullptr;
+      for (const GroupDef& x : groups)
+        if (x.name == p.group) g = &x;
+      const MeshCoord* mc = nullptr;
+      for (const MeshCoord& c : rank.meshes)
+        if (c.mesh == g->mesh) mc = &c;
+      TrainerParam tp;
+      tp.name = p.name;
+      tp.global_shape = p.shape;
+      tp.dtype = p.dtype;
+      tp.mesh = g->mesh;
+      tp.placements = p.placements;
+      tp.mesh_group = p.group;
+      Shape off(p.shape.size(), 0), size = p.shape;
+      for (size_t m = 0; m < p.placements.size(); ++m) {
+        if (p.placements[m].kind != Placement::Kind::kShard) continue;
+        const int d = p.placements[m].dim;
+        auto pieces = TorchChunks(size[d], mc->shape[m]);
+        auto [o, s] = pieces[mc->coord[m]];
+        off[d] += s > 0 ? o : size[d];
+        size[d] = s;
+      }
+      tp.local_shape = size;
+      tp.local_offset = off;
+      rank.params.push_back(tp);
+    }
+    spec.ranks.push_back(std::move(rank));
+  }
+  return spec;
+}
+
+namespace {
+
+int64_t Elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+int64_t Esize(DType t) { return t == DType::kFP8E4M3 ? 1 : t == DType::kFP32 ? 4 : 2; }
+
+}  // namespace
+
+void AddTensor(InferenceRank* rank, const std::string& name, const Shape& shape, DType dtype,
+               std::optional<TpSlice> tp, std::optional<ExpertRange> experts) {
+  if (rank->regions.empty()) rank->regions.push_back({"weights", 0, ""});
+  MemoryRegion& region = rank->regions[0];
+  InferenceTensor t;
+  t.name = name;
+  t.shape = shape;
+  t.dtype = dtype;
+  t.tp = tp;
+  t.experts = experts;
+  t.where = {"weights", region.size};
+  region.size += static_cast<uint64_t>(Elements(shape) * Esize(dtype));
+  if (dtype == DType::kFP8E4M3) {
+    ScaleTensor s;
+    s.name = name + "_scale_inv";
+    s.shape = shape;
+    const size_t nd = shape.size();
+    s.shape[nd - 2] = (shape[nd - 2] + 127) / 128;
+    s.shape[nd - 1] = (shape[nd - 1] + 127) / 128;
+    s.where = {"weights", region.size};
+    region.size += static_cast<uint64_t>(Elements(s.shape) * 4);
+    t.scale = s;
+  }
+  rank->tensors.push_back(t);
+}
+
+namespace {
+
+struct HeldBox {
+  bool ok = false;  // union is a box
+  Shape lo, hi;
+};
+
+// Union of the local boxes of every rank agreeing with `rank` on the
+// non-gathered mesh dims; a box iff its volume equals the bounding box's.
+HeldBox Held(const TrainerSpec& spec, int32_t rank, const std::string& name) {
+  const TrainerParam* mine = nullptr;
+  for (const TrainerParam& p : spec.ranks[rank].params)
+    if (p.name == name) mine = &p;
+  HeldBox h;
+  if (!mine) return h;
+  const MeshGroupSpec* g = nullptr;
+  for (const MeshGroupSpec& x : spec.mesh_groups)
+    if (x.name == mine->mesh_group) g = &x;
+  auto coord_of = [&](int32_t r) -> const MeshCoord* {
+    for (const MeshCoord& m : spec.ranks[r].meshes)
+      if (m.mesh == mine->mesh) return &m;
+    return nullptr;
+  };
+  const MeshCoord* me = coord_of(rank);
+  const size_t nd = mine->global_shape.size();
+  h.lo.assign(nd, INT64_MAX);
+  h.hi.assign(nd, INT64_MIN);
+  std::map<std::pair<Shape, Shape>, int64_t> boxes;  // distinct local boxes (replicas repeat)
+  for (const TrainerRank& other : spec.ranks) {
+    const MeshCoord* oc = coord_of(other.rank);
+    if (!oc) continue;
+    bool same = true;
+    for (size_t d = 0; d < me->coord.size(); ++d) {
+      const bool gathered = std::find(g->gather_dims.begin(), g->gather_dims.end(),
+                                      me->dim_names[d]) != g->gather_dims.end();
+      if (!gathered && oc->coord[d] != me->coord[d]) same = false;
+    }
+    if (!same) continue;
+    for (const TrainerParam& p : other.params) {
+      if (p.name != name) continue;
+      int64_t v = 1;
+      for (size_t d = 0; d < nd; ++d) v *= p.local_shape[d];
+      if (v == 0) break;
+      boxes[{p.local_offset, p.local_shape}] = v;
+    }
+  }
+  int64_t volume = 0, bbox = 1;
+  for (const auto& [box, v] : boxes) {
+    volume += v;
+    for (size_t d = 0; d < nd; ++d) {
+      h.lo[d] = std::min(h.lo[d], box.first[d]);
+      h.hi[d] = std::max(h.hi[d], box.first[d] + box.second[d]);
+    }
+  }
+  for (size_t d = 0; d < nd; ++d) bbox *= boxes.empty() ? 0 : h.hi[d] - h.lo[d];
+  h.ok = volume == bbox;
+  return h;
+}
+
+}  // namespace
+
+CheckResult CheckPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
+                      const RoutingTable& table) {
+  CheckResult res;
+  std::ostringstream err;
+  // Destinations mirror the inference spec, in order.
+  std::vector<const InferenceTensor*> tensors;
+  for (const InferenceRank& r : inference.ranks)
+    for (const InferenceTensor& t : r.tensors) tensors.push_back(&t);
+  if (tensors.size() != table.destinations.size()) {
+    res.error = "destination count " + std::to_string(table.destinations.size()) + " != " +
+                std::to_string(tensors.size());
+    return res;
+  }
+  std::vector<std::vector<uint8_t>> wcount(tensors.size()), scount(tensors.size());
+  res.origin.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    wcount[i].assign(Elements(tensors[i]->shape) * Esize(tensors[i]->dtype), 0);
+    res.origin[i].assign(Elements(tensors[i]->shape), {-1, -1});
+    if (tensors[i]->scale) scount[i].assign(Elements(tensors[i]->scale->shape) * 4, 0);
+  }
+  std::map<std::pair<int32_t, int32_t>, HeldBox> held;
+  for (size_t k = 0; k < table.ops.size(); ++k) {
+    const WriteOp& op = table.ops[k];
+    auto fail = [&](const std::string& what) {
+      if (res.error.empty()) res.error = "op " + std::to_string(k) + ": " + what;
+    };
+    if (op.dst < 0 || op.dst >= static_cast<int32_t>(tensors.size())) { fail("bad dst"); continue; }
+    if (op.src < 0 || op.src >= static_cast<int32_t>(table.sources.size())) { fail("bad src"); continue; }
+    const InferenceTensor& t = *tensors[op.dst];
+    const std::string& src_name = table.sources[op.src].name;
+    const TrainerParam* sp = nullptr;
+    for (const TrainerParam& p : trainer.ranks[op.src_rank].params)
+      if (p.name == src_name) sp = &p;
+    if (!sp) { fail("sender " + std::to_string(op.src_rank) + " lacks " + src_name); continue; }
+    const bool scale = op.kind == WriteKind::kScale;
+    const int64_t esize = scale ? 4 : Esize(t.dtype);
+    if (op.src_box.NumElements() * esize != static_cast<int64_t>(op.bytes)) { fail("bytes != box"); continue; }
+    std::vector<uint8_t>& count = scale ? scount[op.dst] : wcount[op.dst];
+    if (op.dst_offset + op.bytes > count.size()) { fail("write past the end of " + t.name); continue; }
+    for (uint64_t b = op.dst_offset; b < op.dst_offset + op.bytes; ++b) ++count[b];
+    // Held by the sender?
+    auto key = std::make_pair(op.src_rank, op.src);
+    if (!held.count(key)) held[key] = Held(trainer, op.src_rank, src_name);
+    const HeldBox& h = held[key];
+    if (!h.ok) { fail("rank " + std::to_string(op.src_rank) + " holds a non-box of " + src_name); continue; }
+    const size_t nd = sp->global_shape.size();
+    for (size_t d = 0; d < nd; ++d) {
+      int64_t lo = op.src_box.offset[d], hi = lo + op.src_box.size[d];
+      if (scale && d + 2 >= nd) {
+        lo *= 128;
+        hi = std::min(hi * 128, sp->global_shape[d]);
+      }
+      if (lo < h.lo[d] || hi > h.hi[d])
+        fail("source box of " + src_name + " dim " + std::to_string(d) + " [" + std::to_string(lo) +
+             "," + std::to_string(hi) + ") not held by rank " + std::to_string(op.src_rank));
+    }
+    if (scale) continue;
+    // Element origins: the source box row-major lands contiguously.
+    std::vector<int64_t> idx(nd, 0);
+    int64_t pos = static_cast<int64_t>(op.dst_offset) / esize;
+    const int64_t n = op.src_box.NumElements();
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t flat = 0;
+      for (size_t d = 0; d < nd; ++d) flat = flat * sp->global_shape[d] + op.src_box.offset[d] + idx[d];
+      res.origin[op.dst][pos++] = {op.src, flat};
+      for (size_t d = nd; d-- > 0;) {
+        if (++idx[d] < op.src_box.size[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+  for (size_t i = 0; i < tensors.size() && res.error.empty(); ++i) {
+    for (size_t b = 0; b < wcount[i].size(); ++b)
+      if (wcount[i][b] != 1) {
+        res.error = "tensor " + tensors[i]->name + " byte " + std::to_string(b) + " written " +
+                    std::to_string(wcount[i][b]) + " times";
+        break;
+      }
+    for (size_t b = 0; b < scount[i].size() && res.error.empty(); ++b)
+      if (scount[i][b] != 1)
+        res.error = "scale of " + tensors[i]->name + " byte " + std::to_string(b) + " written " +
+                    std::to_string(scount[i][b]) + " times";
+  }
+  return res;
+}
+
+}  // namespace wsync::testing
