@@ -1,0 +1,173 @@
+// Shard export: a trainer process and an agent process see the same bytes
+// at the same offsets, refuse each other when their specs differ, and hand
+// versions back and forth (publish -> reads done) across real processes.
+#include "trainer_agent/shard_export.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace wsync::trainer_agent {
+namespace {
+
+using std::chrono::milliseconds;
+
+TrainerParam Param(const std::string& name, Shape local, DType dtype = DType::kBF16) {
+  TrainerParam p;
+  p.name = name;
+  p.global_shape = local;
+  p.dtype = dtype;
+  p.mesh = "dense";
+  p.placements = {Placement::Replicate()};
+  p.local_shape = local;
+  p.local_offset = Shape(local.size(), 0);
+  p.mesh_group = "dense";
+  return p;
+}
+
+TrainerRank Rank(int32_t r) {
+  TrainerRank rank;
+  rank.rank = r;
+  rank.host = "h";
+  rank.params = {Param("a", {3, 5}), Param("b", {7}), Param("c", {0, 4}), Param("d", {2, 2}, DType::kFP32)};
+  return rank;
+}
+
+std::string UniqueName(const std::string& what) {
+  return "/wsync-test-" + what + "-" + std::to_string(getpid());
+}
+
+TEST(ShardLayoutTest, OffsetsAreAlignedInParamOrderAndStable) {
+  StatusOr<ShardLayout> layout = ComputeShardLayout(Rank(1));
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  ASSERT_EQ(layout->slots.size(), 4u);
+  EXPECT_EQ(layout->slots[0].offset, kShardHeaderBytes);
+  EXPECT_EQ(layout->slots[0].bytes, 30u);
+  EXPECT_EQ(layout->slots[1].offset, kShardHeaderBytes + 256);
+  EXPECT_EQ(layout->slots[1].bytes, 14u);
+  EXPECT_EQ(layout->slots[2].bytes, 0u);
+  EXPECT_EQ(layout->slots[3].bytes, 16u);
+  for (const ShardSlot& s : layout->slots) EXPECT_EQ(s.offset % kShardAlignment, 0u) << s.name;
+  EXPECT_EQ(layout->Find("d"), &layout->slots[3]);
+  EXPECT_EQ(layout->Find("zz"), nullptr);
+  // Same spec, same hash; any change of shape, order or rank changes it.
+  EXPECT_EQ(ComputeShardLayout(Rank(1))->hash, layout->hash);
+  EXPECT_NE(ComputeShardLayout(Rank(2))->hash, layout->hash);
+  TrainerRank other = Rank(1);
+  other.params[1].local_shape = {8};
+  EXPECT_NE(ComputeShardLayout(other)->hash, layout->hash);
+  std::swap(other.params[0], other.params[1]);
+  EXPECT_NE(ComputeShardLayout(other)->hash, layout->hash);
+}
+
+TEST(ShardLayoutTest, RegionNameFollowsTheConvention) {
+  EXPECT_EQ(*ShardRegionName("job7", 3), "/wsync-job7-train-3");
+  EXPECT_FALSE(ShardRegionName("a/b", 0).ok());
+  EXPECT_FALSE(ShardRegionName("", 0).ok());
+}
+
+TEST(ShardExportTest, AgentSeesTrainerBytesAndRefusesAnotherSpec) {
+  const std::string name = UniqueName("view");
+  auto exp = ShardExport::Create(name, Rank(0));
+  ASSERT_TRUE(exp.ok()) << exp.status().ToString();
+  StatusOr<ShardTensor> a = (*exp)->Tensor("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->bytes, 30u);
+  std::memset(a->data, 0xab, a->bytes);
+  EXPECT_EQ((*exp)->Tensor("nope").status().code(), StatusCode::kNotFound);
+
+  auto view = ShardView::Open(name, Rank(0));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  uint64_t bytes = 0;
+  const uint8_t* p = (*view)->Shard("a", &bytes);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(bytes, 30u);
+  EXPECT_EQ(p[0], 0xab);
+  EXPECT_EQ(p[29], 0xab);
+  EXPECT_EQ((*view)->Shard("nope", &bytes), nullptr);
+
+  TrainerRank changed = Rank(0);
+  changed.params[0].local_shape = {3, 6};
+  auto bad = ShardView::Open(name, changed);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("same TrainerRank spec"), std::string::npos) << bad.status().message();
+  auto wrong_rank = ShardView::Open(name, Rank(1));
+  ASSERT_FALSE(wrong_rank.ok());
+  EXPECT_NE(wrong_rank.status().message().find("rank 0"), std::string::npos) << wrong_rank.status().message();
+  EXPECT_FALSE(ShardView::Open(name + "-missing", Rank(0)).ok());
+}
+
+TEST(ShardExportTest, VersionsOnlyGrowAndWaitsTimeOut) {
+  auto exp = ShardExport::Create(UniqueName("versions"), Rank(0));
+  ASSERT_TRUE(exp.ok());
+  EXPECT_FALSE((*exp)->Publish(0).ok());
+  ASSERT_TRUE((*exp)->Publish(5).ok());
+  EXPECT_FALSE((*exp)->Publish(5).ok());
+  EXPECT_FALSE((*exp)->Publish(4).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = (*exp)->WaitReadsDone(5, milliseconds(50));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
+  EXPECT_NE(s.message().find("trainer-agent"), std::string::npos) << s.message();
+}
+
+// The trainer (parent) publishes three versions with distinct bytes; the
+// agent (a forked child that maps the region by name) checks each version's
+// bytes, then marks its reads done; the trainer overwrites only after that.
+// The last version the agent marks failed: the trainer is released as well
+// and can see which version failed.
+TEST(ShardExportTest, PublishAndReadsDoneAcrossProcesses) {
+  const std::string name = UniqueName("procs");
+  auto exp = ShardExport::Create(name, Rank(0));
+  ASSERT_TRUE(exp.ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto view = ShardView::Open(name, Rank(0));
+    if (!view.ok()) _exit(10);
+    uint64_t seen = 0;
+    for (int i = 0; i < 3; ++i) {
+      StatusOr<uint64_t> v = (*view)->WaitPublished(seen, milliseconds(10000));
+      if (!v.ok() || *v != seen + 1) _exit(11);
+      seen = *v;
+      uint64_t bytes = 0;
+      const uint8_t* a = (*view)->Shard("a", &bytes);
+      const uint8_t* b = (*view)->Shard("b", &bytes);
+      for (int k = 0; k < 30; ++k) {
+        if (a[k] != static_cast<uint8_t>(seen * 3)) _exit(12);
+      }
+      for (int k = 0; k < 14; ++k) {
+        if (b[k] != static_cast<uint8_t>(seen * 7)) _exit(13);
+      }
+      std::this_thread::sleep_for(milliseconds(20));  // the trainer must wait for this
+      if (seen < 3) {
+        (*view)->MarkReadsDone(seen);
+      } else {
+        (*view)->MarkFailed(seen);
+      }
+    }
+    _exit(0);
+  }
+  for (uint64_t v = 1; v <= 3; ++v) {
+    std::memset((*exp)->Tensor("a")->data, static_cast<int>(v * 3), 30);
+    std::memset((*exp)->Tensor("b")->data, static_cast<int>(v * 7), 14);
+    ASSERT_TRUE((*exp)->Publish(v).ok());
+    Status s = (*exp)->WaitReadsDone(v, milliseconds(10000));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ((*exp)->reads_done_version(), v);
+  }
+  EXPECT_EQ((*exp)->failed_version(), 3u);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace wsync::trainer_agent
