@@ -1,0 +1,174 @@
+#include "inference_agent/agent.h"
+
+#include <limits>
+#include <utility>
+
+#include "inference_agent/descriptor_text.h"
+
+namespace wsync::inference {
+namespace {
+
+// Outcomes kept for WaitVersion / idempotent BeginVersion; versions are
+// started in order, so older ones are never asked about again.
+constexpr size_t kKeptVersions = 1024;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+InferenceAgent::InferenceAgent(std::unique_ptr<transport::Engine> engine, WeightStore store, InferenceRank rank,
+                               InferenceAgentOptions options)
+    : options_(std::move(options)), rank_(std::move(rank)), store_(std::move(store)), engine_(std::move(engine)) {}
+
+InferenceAgent::~InferenceAgent() {
+  regions_.clear();
+  engine_.reset();
+}
+
+StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr<transport::Engine> engine,
+                                                                 WeightStore store, InferenceRank rank,
+                                                                 InferenceAgentOptions options) {
+  const std::string where = "inference rank " + std::to_string(rank.rank);
+  if (engine == nullptr) return InvalidArgument(where + ": no transport engine");
+  if (store.regions().size() != rank.regions.size()) {
+    return InvalidArgument(where + ": weight store '" + store.name() + "' has " +
+                           std::to_string(store.regions().size()) + " regions, the layout " +
+                           std::to_string(rank.regions.size()));
+  }
+  std::unique_ptr<InferenceAgent> agent(
+      new InferenceAgent(std::move(engine), std::move(store), std::move(rank), std::move(options)));
+  for (size_t i = 0; i < agent->rank_.regions.size(); ++i) {
+    const WeightStore::Region& r = agent->store_.regions()[i];
+    MemoryRegion& spec = agent->rank_.regions[i];
+    if (r.id != spec.id || r.size != spec.size) {
+      return InvalidArgument(where + ": region '" + spec.id + "' differs from the weight store's '" + r.id + "'");
+    }
+    StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+        agent->engine_->Register(r.data, r.size, transport::MemoryKind::kHost);
+    if (!mr.ok()) return mr.status().WithContext(where + ": registering region '" + spec.id + "'");
+    spec.descriptor = DescriptorToText((*mr)->descriptor());
+    agent->regions_.push_back(std::move(mr).value());
+  }
+  agent->Log(where + ": registered " + std::to_string(agent->regions_.size()) + " region(s) of '" +
+             agent->store_.name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
+             agent->engine_->provider());
+  return agent;
+}
+
+Status InferenceAgent::SetPlan(const InferenceRankPlan& plan) {
+  if (plan.rank != rank_.rank) {
+    return InvalidArgument("inference rank " + std::to_string(rank_.rank) + ": got the plan of rank " +
+                           std::to_string(plan.rank));
+  }
+  uint64_t arrivals = 0;
+  for (uint64_t bytes : plan.write_bytes) arrivals += engine_->ArrivalsPerWrite(bytes);
+  if (arrivals > std::numeric_limits<uint32_t>::max()) {
+    return OutOfRange("inference rank " + std::to_string(rank_.rank) + ": " + std::to_string(arrivals) +
+                      " arrivals per version exceed the 32-bit expect count");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    planned_ = true;
+    arrivals_ = static_cast<uint32_t>(arrivals);
+  }
+  Log("inference rank " + std::to_string(rank_.rank) + ": plan: " + std::to_string(plan.write_bytes.size()) +
+      " writes, " + std::to_string(plan.bytes) + " bytes, " + std::to_string(arrivals) +
+      " immediates per version");
+  return Status::Ok();
+}
+
+bool InferenceAgent::has_plan() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return planned_;
+}
+
+uint32_t InferenceAgent::arrivals_per_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arrivals_;
+}
+
+bool InferenceAgent::begun(uint64_t v) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return begun_.count(v) != 0;
+}
+
+Status InferenceAgent::BeginVersion(uint64_t v, Clock::time_point deadline) {
+  const Clock::time_point now = Clock::now();
+  uint32_t expected = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!planned_) {
+      return FailedPrecondition("inference rank " + std::to_string(rank_.rank) + ": version " +
+                                std::to_string(v) + " started before the plan arrived");
+    }
+    if (!begun_.emplace(v, arrivals_).second) return Status::Ok();
+    while (begun_.size() > kKeptVersions) begun_.erase(begun_.begin());
+    expected = arrivals_;
+  }
+  Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": expecting " +
+      std::to_string(expected) + " immediates within " + std::to_string(Seconds(deadline - now)) + " s");
+  const uint32_t imm = static_cast<uint32_t>(v);
+  Status s = engine_->Expect(
+      imm, expected, [this, v, now](const Status& st) { OnVersionDone(v, now, st); }, deadline);
+  if (!s.ok()) {
+    // Refused before anything was registered: the callback never runs.
+    OnVersionDone(v, now, s);
+  }
+  return Status::Ok();
+}
+
+void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status) {
+  VersionOutcome out;
+  out.version = v;
+  out.seconds = Seconds(Clock::now() - begun);
+  std::string line = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = begun_.find(v);
+    out.expected = it == begun_.end() ? 0 : it->second;
+  }
+  if (status.ok()) {
+    // Every arrival of v was counted, and a write's data is in memory before
+    // its arrival is: now, and only now, the engine may see v.
+    const bool moved = store_.MarkComplete(v);
+    out.status = Status::Ok();
+    line += ": complete, " + std::to_string(out.expected) + " immediates in " + std::to_string(out.seconds) + " s";
+    if (!moved) line += " (older than the current complete version, which stays)";
+  } else {
+    store_.MarkFailed(v);
+    out.status = status.WithContext("inference rank " + std::to_string(rank_.rank) + ": version " +
+                                    std::to_string(v) + " failed");
+    line += ": failed: " + status.ToString();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_[v] = out;
+    while (finished_.size() > kKeptVersions) finished_.erase(finished_.begin());
+    outcomes_.push_back(out);
+  }
+  cv_.notify_all();
+  Log(line);
+}
+
+std::vector<VersionOutcome> InferenceAgent::TakeOutcomes(std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return !outcomes_.empty(); });
+  std::vector<VersionOutcome> out(outcomes_.begin(), outcomes_.end());
+  outcomes_.clear();
+  return out;
+}
+
+StatusOr<VersionOutcome> InferenceAgent::WaitVersion(uint64_t v, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, wait, [&] { return finished_.count(v) != 0; })) {
+    return DeadlineExceeded("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
+                            " has no outcome yet");
+  }
+  return finished_.at(v);
+}
+
+void InferenceAgent::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+}  // namespace wsync::inference

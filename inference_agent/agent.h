@@ -1,0 +1,114 @@
+// InferenceAgent: the passive side of a weight update for one inference
+// rank. It registers the rank's weight store with the transport engine,
+// publishes the transport descriptors in its InferenceRank (so the plan
+// carries them to trainers), and for every version the trainers start
+// expects that version's immediates (imm = version as uint32). Only when
+// every planned write of a version has landed does it store the version in
+// the store's complete_version word (release); a version whose arrivals do
+// not all come by its deadline is marked failed and never complete.
+//
+// No receive calls and no copies on the data path: the engine's IMMCOUNTER
+// counts arrivals on its worker; the agent only reacts to the one callback
+// per version. Driven by InferenceAgentRunner (agent_runner.h) against the
+// controller, or by tests directly.
+//
+// Threads: every method may be called from any thread. Outcomes are
+// produced on the engine's callback thread and queued; callers take them
+// with TakeOutcomes/WaitVersion (reporting over HTTP must not block the
+// engine's callback thread).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "inference_agent/weight_store.h"
+#include "routing/metadata.h"
+#include "routing/rank_plan.h"
+#include "transport/engine.h"
+
+namespace wsync::inference {
+
+using Clock = std::chrono::steady_clock;
+
+struct VersionOutcome {
+  uint64_t version = 0;
+  Status status;          // OK: every write landed, complete_version moved
+  uint32_t expected = 0;  // arrivals expected
+  double seconds = 0;     // from BeginVersion to the outcome
+};
+
+struct InferenceAgentOptions {
+  // One line per event (registration, version complete/failed); may be null.
+  std::function<void(const std::string&)> log;
+};
+
+class InferenceAgent {
+ public:
+  // Registers every region of `store` with `engine` and fills the
+  // descriptors of `rank` (hex text, descriptor_text.h). `rank`'s regions
+  // must be the ones `store` was built from.
+  static StatusOr<std::unique_ptr<InferenceAgent>> Create(std::unique_ptr<transport::Engine> engine,
+                                                          WeightStore store, InferenceRank rank,
+                                                          InferenceAgentOptions options = {});
+  // Deregisters, then stops the engine: a version still pending ends as
+  // ABORTED (marked failed, never complete).
+  ~InferenceAgent();
+
+  // The rank's layout with its transport descriptors: what to register.
+  const InferenceRank& rank() const { return rank_; }
+  transport::Engine& engine() { return *engine_; }
+  WeightStore& store() { return store_; }
+
+  // Arrivals one version produces: sum of ArrivalsPerWrite over every write
+  // this rank receives. Fails if the plan is for another rank.
+  Status SetPlan(const InferenceRankPlan& plan);
+  bool has_plan() const;
+  uint32_t arrivals_per_version() const;
+
+  // Starts waiting for version `v` until `deadline`. Arrivals that came
+  // before the call count. Idempotent while v is pending or after it ended
+  // (returns OK, does nothing). FailedPrecondition before SetPlan. If the
+  // engine refuses the Expect (e.g. v and an older pending version share
+  // the low 32 bits), v ends at once as a failed outcome.
+  Status BeginVersion(uint64_t v, Clock::time_point deadline);
+  bool begun(uint64_t v) const;
+
+  // Outcomes in the order they happened, waiting up to `wait` for the first.
+  std::vector<VersionOutcome> TakeOutcomes(std::chrono::milliseconds wait);
+  // Waits up to `wait` for `v`'s outcome (does not take it from the queue).
+  // DeadlineExceeded if it has none yet.
+  StatusOr<VersionOutcome> WaitVersion(uint64_t v, std::chrono::milliseconds wait);
+
+ private:
+  InferenceAgent(std::unique_ptr<transport::Engine> engine, WeightStore store, InferenceRank rank,
+                 InferenceAgentOptions options);
+  void OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status);
+  void Log(const std::string& line) const;
+
+  // Declaration order is teardown order reversed: regions go first, then the
+  // engine (whose callback thread may still run OnVersionDone and so needs
+  // everything declared above it).
+  const InferenceAgentOptions options_;
+  InferenceRank rank_;
+  WeightStore store_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool planned_ = false;                         // guarded by mu_
+  uint32_t arrivals_ = 0;                        // guarded by mu_
+  std::map<uint64_t, uint32_t> begun_;           // v -> expected; guarded by mu_
+  std::map<uint64_t, VersionOutcome> finished_;  // guarded by mu_ (recent only)
+  std::deque<VersionOutcome> outcomes_;          // guarded by mu_; not yet taken
+  std::unique_ptr<transport::Engine> engine_;
+  std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
+};
+
+}  // namespace wsync::inference
