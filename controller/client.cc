@@ -1,0 +1,273 @@
+#include "controller/client.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "controller/http_server.h"
+#include "routing/spec_io.h"
+
+namespace wsync::controller {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Longest single long poll; longer waits are split so a lost connection
+// costs at most this much.
+constexpr milliseconds kPollSlice(10000);
+
+std::string EscapeKey(const std::string& key) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : key) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+StatusCode CodeFor(int http) {
+  switch (http) {
+    case 400: return StatusCode::kInvalidArgument;
+    case 404: return StatusCode::kNotFound;
+    case 409: return StatusCode::kFailedPrecondition;
+    case 503: return StatusCode::kUnavailable;
+    case 504: return StatusCode::kDeadlineExceeded;
+    default: return StatusCode::kInternal;
+  }
+}
+
+milliseconds Remaining(ControllerClient::Clock::time_point deadline) {
+  return std::max(milliseconds(0),
+                  std::chrono::duration_cast<milliseconds>(deadline - ControllerClient::Clock::now()));
+}
+
+}  // namespace
+
+ControllerClient::ControllerClient(std::string host, int port, ClientOptions options)
+    : host_(std::move(host)), port_(port), options_(options) {}
+
+StatusOr<ControllerClient> ControllerClient::FromAddress(const std::string& address, ClientOptions options) {
+  WSYNC_ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
+  if (hp.second == 0) return InvalidArgument("controller address '" + address + "' needs a port");
+  return ControllerClient(hp.first, hp.second, options);
+}
+
+StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& method, const std::string& path,
+                                                         const std::string& body,
+                                                         const std::string& content_type,
+                                                         milliseconds extra_wait) {
+  const Clock::time_point give_up =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.retry_for_s));
+  milliseconds backoff(20);
+  while (true) {
+    httplib::Client cli(host_, port_);
+    cli.set_connection_timeout(std::chrono::duration<double>(options_.connect_timeout_s));
+    cli.set_read_timeout(std::chrono::duration<double>(options_.request_timeout_s) + extra_wait);
+    cli.set_write_timeout(std::chrono::duration<double>(options_.request_timeout_s));
+    httplib::Result r = method == "GET"   ? cli.Get(path)
+                        : method == "PUT" ? cli.Put(path, body, content_type)
+                                          : cli.Post(path, body, content_type);
+    if (r) return Reply{r->status, r->body};
+    const httplib::Error err = r.error();
+    // Refused or timed-out connects mean the request never arrived: safe to
+    // send again, also for POSTs.
+    const bool retry = err == httplib::Error::Connection || err == httplib::Error::ConnectionTimeout;
+    if (!retry || Clock::now() + backoff >= give_up)
+      return Unavailable("controller " + address() + ": " + method + " " + path + ": " +
+                         httplib::to_string(err) + (retry ? " (gave up retrying)" : ""));
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+}
+
+Status ControllerClient::ErrorFrom(const std::string& method, const std::string& path, const Reply& reply) const {
+  json j = json::parse(reply.body, nullptr, false);
+  std::string msg = !j.is_discarded() && j.is_object() && j.value("error", json()).is_string()
+                        ? j["error"].get<std::string>()
+                        : "HTTP " + std::to_string(reply.status) + " " + reply.body;
+  return Status(CodeFor(reply.status), msg);
+}
+
+StatusOr<json> ControllerClient::SendJson(const std::string& method, const std::string& path, const json& body,
+                                          milliseconds extra_wait) {
+  WSYNC_ASSIGN_OR_RETURN(Reply reply, Send(method, path, body.is_null() ? "" : body.dump(), "application/json",
+                                           extra_wait));
+  if (reply.status != 200) return ErrorFrom(method, path, reply);
+  json j = json::parse(reply.body, nullptr, false);
+  if (j.is_discarded())
+    return Internal("controller " + address() + ": " + method + " " + path + ": answer is not JSON");
+  return j;
+}
+
+StatusOr<json> ControllerClient::RegisterTrainer(const TrainerRank& rank,
+                                                 const std::vector<MeshGroupSpec>& mesh_groups) {
+  TrainerSpec one;
+  one.mesh_groups = mesh_groups;
+  one.ranks.push_back(rank);
+  const json doc = ToJson(one);
+  json body = doc["ranks"][0];
+  body["mesh_groups"] = doc["mesh_groups"];
+  return RegisterTrainerJson(body);
+}
+
+StatusOr<json> ControllerClient::RegisterTrainerJson(const json& body) {
+  return SendJson("POST", "/v1/register/trainer", body);
+}
+
+StatusOr<json> ControllerClient::RegisterInference(const InferenceRank& rank) {
+  InferenceSpec one;
+  one.ranks.push_back(rank);
+  return RegisterInferenceJson(ToJson(one)["ranks"][0]);
+}
+
+StatusOr<json> ControllerClient::RegisterInferenceJson(const json& body) {
+  return SendJson("POST", "/v1/register/inference", body);
+}
+
+StatusOr<json> ControllerClient::FetchPlan(Role role, int32_t rank, Clock::time_point deadline) {
+  while (true) {
+    const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
+    const std::string path = "/v1/plan?role=" + std::string(RoleName(role)) + "&rank=" + std::to_string(rank) +
+                             "&wait_ms=" + std::to_string(wait.count());
+    StatusOr<json> slice = SendJson("GET", path, nullptr, wait);
+    if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return slice;
+    if (Clock::now() >= deadline)
+      return DeadlineExceeded(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
+                              ": no plan before the deadline: " + slice.status().message());
+  }
+}
+
+StatusOr<TrainerPlanSlice> ControllerClient::FetchTrainerPlan(int32_t rank, Clock::time_point deadline) {
+  WSYNC_ASSIGN_OR_RETURN(json j, FetchPlan(Role::kTrainer, rank, deadline));
+  TrainerPlanSlice slice;
+  slice.plan_id = j.value("plan_id", "");
+  WSYNC_ASSIGN_OR_RETURN(slice.plan, ParseTrainerRankPlan(j.value("plan", json())));
+  slice.raw = std::move(j);
+  return slice;
+}
+
+StatusOr<InferencePlanSlice> ControllerClient::FetchInferencePlan(int32_t rank, Clock::time_point deadline) {
+  WSYNC_ASSIGN_OR_RETURN(json j, FetchPlan(Role::kInference, rank, deadline));
+  InferencePlanSlice slice;
+  slice.plan_id = j.value("plan_id", "");
+  slice.expected_writes = j.value("expected_writes", uint64_t{0});
+  slice.expected_bytes = j.value("expected_bytes", uint64_t{0});
+  WSYNC_ASSIGN_OR_RETURN(slice.plan, ParseInferenceRankPlan(j.value("plan", json())));
+  slice.raw = std::move(j);
+  return slice;
+}
+
+Status ControllerClient::KvSet(const std::string& key, const std::string& value) {
+  const std::string path = "/v1/kv/" + EscapeKey(key);
+  WSYNC_ASSIGN_OR_RETURN(Reply reply, Send("PUT", path, value, "application/octet-stream", milliseconds(0)));
+  if (reply.status != 200) return ErrorFrom("PUT", path, reply);
+  return Status::Ok();
+}
+
+StatusOr<std::string> ControllerClient::KvGet(const std::string& key, milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  const std::string path = "/v1/kv/" + EscapeKey(key);
+  while (true) {
+    const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
+    WSYNC_ASSIGN_OR_RETURN(Reply reply,
+                           Send("GET", path + "?wait_ms=" + std::to_string(wait.count()), "", "", wait));
+    if (reply.status == 200) return reply.body;
+    if (reply.status != 404 || Clock::now() >= deadline) return ErrorFrom("GET", path, reply);
+  }
+}
+
+StatusOr<int64_t> ControllerClient::KvAdd(const std::string& key, int64_t delta) {
+  WSYNC_ASSIGN_OR_RETURN(json j, SendJson("POST", "/v1/kv/" + EscapeKey(key) + "/add", {{"delta", delta}}));
+  return j.value("value", int64_t{0});
+}
+
+StatusOr<VersionStatus> ParseVersionStatus(const json& j) {
+  if (!j.is_object() || !j.value("version", json()).is_number_unsigned() || !j.value("state", json()).is_string())
+    return Internal("controller answered a version without 'version'/'state': " + j.dump());
+  VersionStatus v;
+  v.version = j["version"].get<uint64_t>();
+  v.state = j["state"].get<std::string>();
+  v.trainer_done = j.value("trainer_done", std::vector<int32_t>());
+  v.inference_done = j.value("inference_done", std::vector<int32_t>());
+  for (const json& f : j.value("failures", json::array()))
+    v.failures.push_back({f.value("role", ""), f.value("rank", -1), f.value("error", "")});
+  v.seconds = j.value("seconds", 0.0);
+  v.raw = j;
+  return v;
+}
+
+StatusOr<VersionStatus> ControllerClient::VersionCall(uint64_t version, const std::string& action,
+                                                      const json& body) {
+  WSYNC_ASSIGN_OR_RETURN(json j, SendJson("POST", "/v1/versions/" + std::to_string(version) + "/" + action, body));
+  return ParseVersionStatus(j);
+}
+
+StatusOr<VersionStatus> ControllerClient::StartVersion(uint64_t version, int32_t trainer_rank) {
+  return VersionCall(version, "start", {{"rank", trainer_rank}});
+}
+
+StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, int32_t rank, const Status& result) {
+  return VersionCall(version, "trainer_done", {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}});
+}
+
+StatusOr<VersionStatus> ControllerClient::ReportInferenceDone(uint64_t version, int32_t rank,
+                                                              const Status& result) {
+  return VersionCall(version, "inference_done", {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}});
+}
+
+StatusOr<VersionStatus> ControllerClient::ReportFailure(uint64_t version, Role role, int32_t rank,
+                                                        const std::string& error) {
+  return VersionCall(version, "fail", {{"role", RoleName(role)}, {"rank", rank}, {"error", error}});
+}
+
+StatusOr<VersionStatus> ControllerClient::GetVersion(uint64_t version) {
+  WSYNC_ASSIGN_OR_RETURN(json j, SendJson("GET", "/v1/versions/" + std::to_string(version), nullptr));
+  return ParseVersionStatus(j);
+}
+
+StatusOr<VersionStatus> ControllerClient::WaitVersion(uint64_t version, Clock::time_point deadline) {
+  while (true) {
+    const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
+    StatusOr<json> j = SendJson(
+        "GET", "/v1/versions/" + std::to_string(version) + "?wait_ms=" + std::to_string(wait.count()), nullptr, wait);
+    if (j.ok()) {
+      WSYNC_ASSIGN_OR_RETURN(VersionStatus v, ParseVersionStatus(*j));
+      if (v.finished()) return v;
+      if (Clock::now() >= deadline)
+        return DeadlineExceeded("version " + std::to_string(version) + " still " + v.state +
+                                " at the deadline: " + j->dump());
+      continue;
+    }
+    if (j.status().code() != StatusCode::kNotFound) return j.status();
+    if (Clock::now() >= deadline)
+      return DeadlineExceeded("version " + std::to_string(version) + " was not started before the deadline");
+    std::this_thread::sleep_for(std::min(Remaining(deadline), milliseconds(50)));
+  }
+}
+
+StatusOr<json> ControllerClient::GetStatus() { return SendJson("GET", "/v1/status", nullptr); }
+
+StatusOr<std::string> ControllerClient::GetMetrics() {
+  WSYNC_ASSIGN_OR_RETURN(Reply reply, Send("GET", "/metrics", "", "", milliseconds(0)));
+  if (reply.status != 200) return ErrorFrom("GET", "/metrics", reply);
+  return reply.body;
+}
+
+bool ControllerClient::Healthy() {
+  ClientOptions quick = options_;
+  quick.retry_for_s = 0;
+  ControllerClient once(host_, port_, quick);
+  StatusOr<Reply> r = once.Send("GET", "/healthz", "", "", milliseconds(0));
+  return r.ok() && r->status == 200;
+}
+
+}  // namespace wsync::controller

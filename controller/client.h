@@ -1,0 +1,138 @@
+// Typed calls to the controller's HTTP API (docs/CONTROL_PLANE.md), for the
+// trainer and inference agents, the Gloo store over HTTP and tests.
+//
+// Every call opens its own connection, so one ControllerClient may be shared
+// by threads. A refused connection (controller not up yet, or restarting) is
+// retried until `retry_for_s` passes; other transport errors are returned at
+// once as Unavailable. Controller answers become Status codes:
+// 400 InvalidArgument, 404 NotFound, 409 FailedPrecondition,
+// 503 Unavailable/Aborted, 504 DeadlineExceeded; the message is the
+// controller's one line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "controller/role.h"
+#include "routing/metadata.h"
+#include "routing/rank_plan.h"
+
+namespace wsync::controller {
+
+struct ClientOptions {
+  double connect_timeout_s = 2;   // per connection attempt
+  double request_timeout_s = 30;  // per request, on top of any long-poll wait
+  double retry_for_s = 30;        // keep retrying refused connections this long
+};
+
+struct VersionFailure {
+  std::string role;
+  int32_t rank = -1;
+  std::string error;
+};
+
+// A version as the controller reports it.
+struct VersionStatus {
+  uint64_t version = 0;
+  std::string state;  // "started", "complete", "failed"
+  std::vector<int32_t> trainer_done;
+  std::vector<int32_t> inference_done;
+  std::vector<VersionFailure> failures;
+  double seconds = 0;  // start to finish, once finished
+  nlohmann::json raw;
+
+  bool complete() const { return state == "complete"; }
+  bool failed() const { return state == "failed"; }
+  bool finished() const { return complete() || failed(); }
+};
+
+struct TrainerPlanSlice {
+  std::string plan_id;
+  TrainerRankPlan plan;
+  nlohmann::json raw;
+};
+
+struct InferencePlanSlice {
+  std::string plan_id;
+  uint64_t expected_writes = 0;  // immediates per version
+  uint64_t expected_bytes = 0;
+  InferenceRankPlan plan;
+  nlohmann::json raw;
+};
+
+class ControllerClient {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ControllerClient(std::string host, int port, ClientOptions options = {});
+  // "host:port".
+  static StatusOr<ControllerClient> FromAddress(const std::string& address, ClientOptions options = {});
+
+  // Registration; the answer is the controller's registration reply.
+  StatusOr<nlohmann::json> RegisterTrainer(const TrainerRank& rank,
+                                           const std::vector<MeshGroupSpec>& mesh_groups);
+  StatusOr<nlohmann::json> RegisterTrainerJson(const nlohmann::json& body);
+  StatusOr<nlohmann::json> RegisterInference(const InferenceRank& rank);
+  StatusOr<nlohmann::json> RegisterInferenceJson(const nlohmann::json& body);
+
+  // Polls until the world is planned or `deadline` passes (then
+  // DeadlineExceeded naming the missing ranks).
+  StatusOr<nlohmann::json> FetchPlan(Role role, int32_t rank, Clock::time_point deadline);
+  StatusOr<TrainerPlanSlice> FetchTrainerPlan(int32_t rank, Clock::time_point deadline);
+  StatusOr<InferencePlanSlice> FetchInferencePlan(int32_t rank, Clock::time_point deadline);
+
+  // Gloo rendezvous store. KvGet waits up to `timeout` for the key
+  // (NotFound after); longer timeouts are split into several long polls.
+  Status KvSet(const std::string& key, const std::string& value);
+  StatusOr<std::string> KvGet(const std::string& key, std::chrono::milliseconds timeout);
+  StatusOr<int64_t> KvAdd(const std::string& key, int64_t delta);
+
+  // Versions.
+  StatusOr<VersionStatus> StartVersion(uint64_t version, int32_t trainer_rank);
+  // `result` OK: reads done and writes posted; else the version fails with
+  // its message.
+  StatusOr<VersionStatus> ReportTrainerDone(uint64_t version, int32_t rank, const Status& result);
+  // `result` OK: every expected immediate of `version` landed on this rank.
+  StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result);
+  StatusOr<VersionStatus> ReportFailure(uint64_t version, Role role, int32_t rank, const std::string& error);
+  StatusOr<VersionStatus> GetVersion(uint64_t version);
+  // Until the version is complete or failed (returned as a VersionStatus,
+  // check failed()), or `deadline` (DeadlineExceeded). A version not yet
+  // started is waited for too.
+  StatusOr<VersionStatus> WaitVersion(uint64_t version, Clock::time_point deadline);
+
+  StatusOr<nlohmann::json> GetStatus();
+  StatusOr<std::string> GetMetrics();
+  bool Healthy();
+
+  std::string address() const { return host_ + ":" + std::to_string(port_); }
+
+ private:
+  struct Reply {
+    int status = 0;
+    std::string body;
+  };
+  // One request with retries on refused connections. `extra_wait` is added
+  // to the read timeout for long polls.
+  StatusOr<Reply> Send(const std::string& method, const std::string& path, const std::string& body,
+                       const std::string& content_type, std::chrono::milliseconds extra_wait);
+  // Send + JSON answer; non-200 answers become Status.
+  StatusOr<nlohmann::json> SendJson(const std::string& method, const std::string& path,
+                                    const nlohmann::json& body,
+                                    std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
+  Status ErrorFrom(const std::string& method, const std::string& path, const Reply& reply) const;
+  StatusOr<VersionStatus> VersionCall(uint64_t version, const std::string& action, const nlohmann::json& body);
+
+  std::string host_;
+  int port_;
+  ClientOptions options_;
+};
+
+StatusOr<VersionStatus> ParseVersionStatus(const nlohmann::json& j);
+
+}  // namespace wsync::controller

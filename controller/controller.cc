@@ -1,0 +1,514 @@
+#include "controller/controller.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "routing/plan_io.h"
+#include "routing/planner.h"
+#include "routing/rank_plan.h"
+#include "routing/spec_io.h"
+
+namespace wsync::controller {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxErrors = 50;
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::chrono::steady_clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string RankList(const std::vector<int32_t>& ranks) { return json(ranks).dump(); }
+
+// 64-bit FNV-1a of the plan document: equal plans have equal ids.
+std::string PlanDigest(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, h);
+  return buf;
+}
+
+
+}  // namespace
+
+MappingSpec IdentityMapping() {
+  MappingSpec m;
+  m.name = "identity";
+  MappingRule rule;
+  rule.kind = MappingRule::Kind::kDirect;
+  rule.engine = "{*}";
+  MappingPart part;
+  part.source = "{*}";
+  rule.parts.push_back(part);
+  m.rules.push_back(rule);
+  return m;
+}
+
+Controller::Controller(ControllerOptions options)
+    : options_(std::move(options)),
+      started_(Clock::now()),
+      store_(options_.state_dir),
+      trainers_(options_.trainers),
+      versions_(options_.trainers, options_.inference, options_.version_timeout_s) {}
+
+Controller::~Controller() { Shutdown(); }
+
+StatusOr<std::unique_ptr<Controller>> Controller::Create(ControllerOptions options) {
+  if (options.trainers <= 0 || options.inference <= 0)
+    return InvalidArgument("the world needs at least one trainer and one inference rank (got " +
+                           std::to_string(options.trainers) + " trainers, " +
+                           std::to_string(options.inference) + " inference)");
+  if (options.mapping.rules.empty()) options.mapping = IdentityMapping();
+  std::unique_ptr<Controller> c(new Controller(std::move(options)));
+  std::lock_guard<std::mutex> lock(c->mu_);
+  WSYNC_RETURN_IF_ERROR(c->store_.Init());
+  WSYNC_RETURN_IF_ERROR(c->LoadStateLocked());
+  return c;
+}
+
+void Controller::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+Status Controller::LoadStateLocked() {
+  WSYNC_ASSIGN_OR_RETURN(std::optional<PersistedWorld> world, store_.LoadWorld());
+  if (!world) return Status::Ok();
+  const std::string where = "state dir " + store_.dir();
+  if (world->trainer_ranks != options_.trainers || world->inference_ranks != options_.inference)
+    return FailedPrecondition(where + " holds a world of " + std::to_string(world->trainer_ranks) +
+                              " trainer + " + std::to_string(world->inference_ranks) +
+                              " inference ranks, but this controller expects " +
+                              std::to_string(options_.trainers) + " + " +
+                              std::to_string(options_.inference) +
+                              "; pass the same sizes or use a fresh --state-dir");
+  if (world->mapping != ToJson(options_.mapping))
+    return FailedPrecondition(where + " was planned with mapping '" +
+                              world->mapping.value("name", std::string("?")) +
+                              "', which differs from the one given ('" + options_.mapping.name +
+                              "'); pass the same --mapping or use a fresh --state-dir");
+  WSYNC_ASSIGN_OR_RETURN(TrainerSpec trainer, ParseTrainerSpec(world->trainer, where + "/world.json"));
+  WSYNC_ASSIGN_OR_RETURN(InferenceSpec inference,
+                         ParseInferenceSpec(world->inference, where + "/world.json"));
+  // Re-plan from the persisted specs (the planner is deterministic) and
+  // check the digest, so the restarted controller provably serves the plan
+  // its agents already hold. plan.json alone is not enough: it does not
+  // keep source holders, which per-rank extraction needs.
+  WSYNC_RETURN_IF_ERROR(InstallPlanLocked(trainer, inference, world->trainer, world->inference));
+  if (plan_id_ != world->plan_id) {
+    planned_ = false;
+    return FailedPrecondition(where + ": re-planning the persisted world gives plan " + plan_id_ +
+                              ", not the persisted " + world->plan_id +
+                              " (the planner changed?); use a fresh --state-dir and restart every agent");
+  }
+  WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
+  if (v.has_complete) versions_.RestoreLatestComplete(v.latest_complete, v.update_seconds, v.finished_unix);
+  Log("restored plan " + plan_id_ + " from " + store_.dir() + " (" + std::to_string(table_.ops.size()) +
+      " writes per update); latest complete version: " +
+      (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")));
+  return Status::Ok();
+}
+
+Status Controller::InstallPlanLocked(const TrainerSpec& trainer, const InferenceSpec& inference,
+                                     const json& trainer_json, const json& inference_json) {
+  StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, {});
+  if (!table.ok()) return InvalidArgument(table.status().message());
+  const json plan_json = PlanToJson(*table);
+  trainer_spec_ = trainer;
+  inference_spec_ = inference;
+  trainer_json_ = trainer_json;
+  inference_json_ = inference_json;
+  table_ = std::move(table).value();
+  summary_ = Summarize(table_, LinkModel{});
+  plan_id_ = PlanDigest(plan_json.dump());
+  trainer_slices_.clear();
+  inference_slices_.clear();
+  planned_ = true;
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status Controller::MaybePlanLocked() {
+  if (planned_ || static_cast<int32_t>(trainers_.ranks().size()) < options_.trainers ||
+      static_cast<int32_t>(inference_ranks_.size()) < options_.inference)
+    return Status::Ok();
+  WSYNC_ASSIGN_OR_RETURN(AssembledWorld world,
+                         AssembleWorld(trainers_.ranks(), trainers_.mesh_groups(), inference_ranks_));
+  WSYNC_RETURN_IF_ERROR(InstallPlanLocked(world.trainer, world.inference, world.trainer_json,
+                                          world.inference_json));
+  PersistedWorld persisted{options_.trainers, options_.inference, world.trainer_json,
+                           world.inference_json,  ToJson(options_.mapping), plan_id_};
+  Status saved = store_.SaveWorld(persisted, PlanToJson(table_));
+  if (!saved.ok()) {
+    planned_ = false;
+    return saved;
+  }
+  assembly_error_.clear();
+  Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
+      std::to_string(options_.inference) + " inference ranks; plan " + plan_id_ + ": " +
+      std::to_string(table_.ops.size()) + " writes, " + std::to_string(summary_.wire_bytes) +
+      " bytes per update");
+  return Status::Ok();
+}
+
+void Controller::RecordErrorLocked(Role role, int32_t rank, const std::string& error) {
+  ++registration_errors_;
+  errors_.push_back({UnixNow(), role, rank, error});
+  if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
+  Log("rejected " + std::string(RoleName(role)) + " registration: " + error);
+}
+
+json Controller::RegisterReplyLocked(Role role, int32_t rank) {
+  const int32_t registered =
+      planned_ ? options_.trainers + options_.inference
+               : static_cast<int32_t>(trainers_.ranks().size() + inference_ranks_.size());
+  return {{"role", RoleName(role)},
+          {"rank", rank},
+          {"registered", registered},
+          {"world", options_.trainers + options_.inference},
+          {"phase", PhaseLocked()},
+          {"plan_id", plan_id_}};
+}
+
+StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json& rank_json,
+                                            const json* mesh_groups) {
+  const bool trainer = role == Role::kTrainer;
+  json doc = trainer ? trainer_json_ : inference_json_;
+  if (mesh_groups) doc["mesh_groups"] = *mesh_groups;
+  for (json& r : doc["ranks"])
+    if (r.value("rank", -1) == rank) r = rank_json;
+  const std::string source = std::string(RoleName(role)) + " registrations";
+  json normalized;
+  if (trainer) {
+    StatusOr<TrainerSpec> spec = ParseTrainerSpec(doc, source);
+    if (!spec.ok()) return InvalidArgument(spec.status().message());
+    normalized = ToJson(*spec);
+  } else {
+    StatusOr<InferenceSpec> spec = ParseInferenceSpec(doc, source);
+    if (!spec.ok()) return InvalidArgument(spec.status().message());
+    normalized = ToJson(*spec);
+  }
+  if (normalized != (trainer ? trainer_json_ : inference_json_))
+    return FailedPrecondition(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
+                              ": metadata differs from the plan this controller serves (plan " +
+                              plan_id_ +
+                              "); the plan is static: restart the controller with a fresh "
+                              "--state-dir and every agent to plan again");
+  Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
+  return RegisterReplyLocked(role, rank);
+}
+
+StatusOr<json> Controller::RegisterTrainer(const json& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TickLocked(Clock::now());
+  const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
+                           ? body["rank"].get<int32_t>() : -1;
+  if (planned_) {
+    if (peek < 0 || peek >= options_.trainers || !body.value("mesh_groups", json()).is_array()) {
+      Status s = InvalidArgument("trainer registration: needs an integer 'rank' in 0.." +
+                                 std::to_string(options_.trainers - 1) + " and 'mesh_groups'");
+      RecordErrorLocked(Role::kTrainer, peek, s.message());
+      return s;
+    }
+    json rank_json = body;
+    rank_json.erase("mesh_groups");
+    StatusOr<json> reply = ReRegisterLocked(Role::kTrainer, peek, rank_json, &body["mesh_groups"]);
+    if (!reply.ok()) RecordErrorLocked(Role::kTrainer, peek, reply.status().message());
+    return reply;
+  }
+  // A rank registering again (its agent restarted) replaces itself; check
+  // it against the others only, and put the old one back on error.
+  std::optional<TrainerRegistration> old;
+  if (auto it = trainers_.ranks().find(peek); it != trainers_.ranks().end()) {
+    old = TrainerRegistration{peek, it->second, trainers_.mesh_groups()};
+    trainers_.Remove(peek);
+  }
+  StatusOr<TrainerRegistration> reg = trainers_.Check(body);
+  if (!reg.ok()) {
+    if (old) trainers_.Add(*old);
+    RecordErrorLocked(Role::kTrainer, peek, reg.status().message());
+    return reg.status();
+  }
+  const int32_t rank = reg->rank;
+  trainers_.Add(std::move(reg).value());
+  Log("registered trainer rank " + std::to_string(rank) + " (" +
+      std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
+      std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
+  Status planned = MaybePlanLocked();
+  if (!planned.ok()) {
+    trainers_.Remove(rank);
+    if (old) trainers_.Add(*old);
+    assembly_error_ = planned.message();
+    RecordErrorLocked(Role::kTrainer, rank, planned.message());
+    return planned;
+  }
+  return RegisterReplyLocked(Role::kTrainer, rank);
+}
+
+StatusOr<json> Controller::RegisterInference(const json& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TickLocked(Clock::now());
+  StatusOr<int32_t> rank = CheckInferenceRegistration(body, options_.inference);
+  if (!rank.ok()) {
+    const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
+                             ? body["rank"].get<int32_t>() : -1;
+    RecordErrorLocked(Role::kInference, peek, rank.status().message());
+    return rank.status();
+  }
+  if (planned_) {
+    StatusOr<json> reply = ReRegisterLocked(Role::kInference, *rank, body, nullptr);
+    if (!reply.ok()) RecordErrorLocked(Role::kInference, *rank, reply.status().message());
+    return reply;
+  }
+  std::optional<json> old;
+  if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end()) old = it->second;
+  inference_ranks_[*rank] = body;
+  Log("registered inference rank " + std::to_string(*rank) + " (" +
+      std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
+      std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
+  Status planned = MaybePlanLocked();
+  if (!planned.ok()) {
+    if (old) inference_ranks_[*rank] = *old;
+    else inference_ranks_.erase(*rank);
+    assembly_error_ = planned.message();
+    RecordErrorLocked(Role::kInference, *rank, planned.message());
+    return planned;
+  }
+  return RegisterReplyLocked(Role::kInference, *rank);
+}
+
+std::vector<int32_t> Controller::MissingLocked(Role role) const {
+  std::vector<int32_t> missing;
+  if (planned_) return missing;
+  const int32_t n = role == Role::kTrainer ? options_.trainers : options_.inference;
+  for (int32_t r = 0; r < n; ++r) {
+    const bool have = role == Role::kTrainer ? trainers_.ranks().count(r) > 0
+                                             : inference_ranks_.count(r) > 0;
+    if (!have) missing.push_back(r);
+  }
+  return missing;
+}
+
+std::string Controller::MissingTextLocked() const {
+  return "missing trainer ranks " + RankList(MissingLocked(Role::kTrainer)) + ", inference ranks " +
+         RankList(MissingLocked(Role::kInference));
+}
+
+std::string Controller::PhaseLocked() const {
+  if (planned_) return "planned";
+  return world_timed_out_ ? "failed_to_assemble" : "assembling";
+}
+
+json Controller::WorldSummary() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TickLocked(Clock::now());
+  return {{"phase", PhaseLocked()},
+          {"missing",
+           {{"trainer", MissingLocked(Role::kTrainer)}, {"inference", MissingLocked(Role::kInference)}}}};
+}
+
+StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const int32_t n = role == Role::kTrainer ? options_.trainers : options_.inference;
+  if (rank < 0 || rank >= n)
+    return InvalidArgument(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
+                           " is outside 0.." + std::to_string(n - 1));
+  const Clock::time_point until = Clock::now() + wait;
+  while (!planned_ && !shutdown_) {
+    TickLocked(Clock::now());
+    if (Clock::now() >= until) break;
+    cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
+  }
+  if (shutdown_) return Aborted("controller is shutting down");
+  if (!planned_) {
+    std::string msg = "world incomplete: " + MissingTextLocked();
+    if (world_timed_out_) msg += " (world timeout of " + std::to_string(options_.world_timeout_s) + " s passed)";
+    if (!assembly_error_.empty()) msg += "; last assembly error: " + assembly_error_;
+    return FailedPrecondition(msg);
+  }
+  auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
+  if (auto it = cache.find(rank); it != cache.end()) return json::parse(it->second);
+  json slice = {{"schema", "wsync.plan_slice/v1"},
+                {"role", RoleName(role)},
+                {"rank", rank},
+                {"plan_id", plan_id_}};
+  if (role == Role::kTrainer) {
+    StatusOr<TrainerRankPlan> plan = ExtractTrainerRankPlan(table_, trainer_spec_, inference_spec_, rank);
+    if (!plan.ok()) return Internal("trainer rank " + std::to_string(rank) + ": " + plan.status().message());
+    slice["plan"] = ToJson(*plan);
+  } else {
+    InferenceRankPlan plan = ExtractInferenceRankPlan(table_, rank);
+    std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
+    for (const WriteOp& op : table_.ops) {
+      if (op.dst_rank != rank) continue;
+      by_trainer[op.src_rank].first += 1;
+      by_trainer[op.src_rank].second += op.bytes;
+    }
+    json per = json::array();
+    for (const auto& [src, wb] : by_trainer)
+      per.push_back({{"rank", src}, {"writes", wb.first}, {"bytes", wb.second}});
+    slice["expected_writes"] = plan.write_bytes.size();
+    slice["expected_bytes"] = plan.bytes;
+    slice["writes_by_trainer"] = std::move(per);
+    slice["plan"] = ToJson(plan);
+  }
+  cache[rank] = slice.dump();
+  return slice;
+}
+
+void Controller::KvSet(const std::string& key, std::string value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_[key] = std::move(value);
+  cv_.notify_all();
+}
+
+StatusOr<std::string> Controller::KvGet(const std::string& key, Clock::duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Clock::time_point until = Clock::now() + wait;
+  cv_.wait_until(lock, until, [&] { return shutdown_ || kv_.count(key) > 0; });
+  if (auto it = kv_.find(key); it != kv_.end()) return it->second;
+  if (shutdown_) return Aborted("controller is shutting down");
+  return NotFound("key '" + key + "' not set after " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
+                  " ms");
+}
+
+StatusOr<int64_t> Controller::KvAdd(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t value = 0;
+  if (auto it = kv_.find(key); it != kv_.end()) {
+    char* end = nullptr;
+    value = std::strtoll(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0')
+      return InvalidArgument("key '" + key + "' holds a non-integer value; add needs a decimal counter");
+  }
+  value += delta;
+  kv_[key] = std::to_string(value);
+  cv_.notify_all();
+  return value;
+}
+
+Status Controller::CheckReportLocked(Role role, int32_t rank) const {
+  if (!planned_) return FailedPrecondition("no plan yet (world incomplete: " + MissingTextLocked() + ")");
+  const int32_t n = role == Role::kTrainer ? options_.trainers : options_.inference;
+  if (rank < 0 || rank >= n)
+    return InvalidArgument(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
+                           " is outside 0.." + std::to_string(n - 1));
+  return Status::Ok();
+}
+
+void Controller::LogVersionLocked(const VersionRecord& r) {
+  if (r.state == VersionState::kComplete) {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%.3f", r.seconds);
+    Log("version " + std::to_string(r.version) + " complete in " + secs + " s");
+  } else if (r.state == VersionState::kFailed) {
+    const RankFailure& f = r.failures.front();
+    Log("version " + std::to_string(r.version) + " failed: " + f.role +
+        (f.rank >= 0 ? " rank " + std::to_string(f.rank) : std::string()) + ": " + f.error);
+  }
+}
+
+void Controller::SaveVersionsLocked() {
+  PersistedVersions v;
+  v.has_complete = versions_.has_complete();
+  v.latest_complete = versions_.latest_complete();
+  v.update_seconds = versions_.last_update_seconds();
+  if (const VersionRecord* r = versions_.Find(v.latest_complete)) v.finished_unix = r->finished_unix;
+  Status s = store_.SaveVersions(v);
+  if (!s.ok()) Log("cannot persist versions: " + s.message());
+}
+
+StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  TickLocked(now);
+  WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kTrainer, rank));
+  const bool known = versions_.Find(v) != nullptr;
+  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
+  if (!known) Log("version " + std::to_string(v) + " started by trainer rank " + std::to_string(rank));
+  return r->ToJson(now);
+}
+
+StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool ok, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  TickLocked(now);
+  WSYNC_RETURN_IF_ERROR(CheckReportLocked(role, rank));
+  const VersionRecord* before = versions_.Find(v);
+  const bool was_finished = before && before->finished();
+  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
+                         role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now)
+                                                : versions_.InferenceDone(v, rank, ok, error, now));
+  if (!was_finished && r->finished()) {
+    LogVersionLocked(*r);
+    if (r->state == VersionState::kComplete) SaveVersionsLocked();
+    cv_.notify_all();
+  }
+  return r->ToJson(now);
+}
+
+StatusOr<json> Controller::ReportFailure(uint64_t v, Role role, int32_t rank, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  TickLocked(now);
+  WSYNC_RETURN_IF_ERROR(CheckReportLocked(role, rank));
+  const VersionRecord* before = versions_.Find(v);
+  const bool was_finished = before && before->finished();
+  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
+                         versions_.Fail(v, RoleName(role), rank, error.empty() ? "failed" : error, now));
+  if (!was_finished && r->finished()) {
+    LogVersionLocked(*r);
+    cv_.notify_all();
+  }
+  return r->ToJson(now);
+}
+
+StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Clock::time_point until = Clock::now() + wait;
+  while (true) {
+    const Clock::time_point now = Clock::now();
+    TickLocked(now);
+    const VersionRecord* r = versions_.Find(v);
+    if (!r) return NotFound("version " + std::to_string(v) + " was never started (or is too old to be kept)");
+    if (r->finished() || now >= until || shutdown_) return r->ToJson(now);
+    // Wake at the version's deadline too, so expiry is seen while waiting.
+    cv_.wait_until(lock, std::min(until, r->deadline + std::chrono::milliseconds(1)));
+  }
+}
+
+void Controller::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TickLocked(Clock::now());
+}
+
+void Controller::TickLocked(Clock::time_point now) {
+  if (!planned_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
+    world_timed_out_ = true;
+    Log("failed to assemble the world within " + std::to_string(options_.world_timeout_s) + " s: " +
+        MissingTextLocked() + " (still accepting registrations)");
+    cv_.notify_all();
+  }
+  std::vector<const VersionRecord*> expired = versions_.ExpireOverdue(now);
+  for (const VersionRecord* r : expired) LogVersionLocked(*r);
+  if (!expired.empty()) cv_.notify_all();
+}
+
+void Controller::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace wsync::controller

@@ -1,0 +1,160 @@
+// The control plane's state machine: registrations -> assembled world ->
+// static plan -> per-version progress, plus the Gloo rendezvous store.
+//
+// Transport-free: http_server.h maps HTTP requests onto these calls (see
+// docs/CONTROL_PLANE.md), tests call them directly too. Thread-safe: every
+// public method takes the one mutex `mu_`; waits (plan, KV key, version
+// end) block on `cv_` under it. Planning runs under the mutex once, when the
+// last rank registers; health checks do not take it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "controller/registration.h"
+#include "controller/role.h"
+#include "controller/state_store.h"
+#include "controller/thread_annotations.h"
+#include "controller/version_tracker.h"
+#include "routing/metadata.h"
+#include "routing/plan_summary.h"
+#include "routing/routing_table.h"
+
+namespace wsync::controller {
+
+struct ControllerOptions {
+  int32_t trainers = 1;
+  int32_t inference = 1;
+  MappingSpec mapping;           // default: identity ({*} -> {*})
+  std::string state_dir;         // "" keeps nothing across restarts
+  double world_timeout_s = 300;  // after this without a full world: failed_to_assemble
+  double version_timeout_s = 300;
+  // One line per event (registration, plan, version finished, timeout).
+  std::function<void(const std::string&)> log;
+};
+
+// The identity mapping: every engine tensor has the trainer tensor's name.
+MappingSpec IdentityMapping();
+
+class Controller {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Loads the state dir (if it holds a plan, the controller starts planned).
+  static StatusOr<std::unique_ptr<Controller>> Create(ControllerOptions options);
+  ~Controller();
+
+  // Registrations: `body` as in docs/CONTROL_PLANE.md. InvalidArgument for
+  // metadata that does not fit (one line naming rank and tensor; also kept
+  // in Status()), FailedPrecondition for a change after the plan exists.
+  StatusOr<nlohmann::json> RegisterTrainer(const nlohmann::json& body);
+  StatusOr<nlohmann::json> RegisterInference(const nlohmann::json& body);
+
+  // A rank's plan slice, waiting up to `wait` for the world. While the world
+  // is incomplete: FailedPrecondition naming the missing ranks.
+  StatusOr<nlohmann::json> PlanSlice(Role role, int32_t rank, Clock::duration wait);
+  // {"phase", "missing": {"trainer": [...], "inference": [...]}}
+  nlohmann::json WorldSummary();
+
+  // Gloo rendezvous store. KvGet waits up to `wait` for the key; NotFound
+  // after that.
+  void KvSet(const std::string& key, std::string value);
+  StatusOr<std::string> KvGet(const std::string& key, Clock::duration wait);
+  StatusOr<int64_t> KvAdd(const std::string& key, int64_t delta);
+
+  // Versions; each returns the version object of docs/CONTROL_PLANE.md.
+  StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank);
+  StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,
+                                      const std::string& error);
+  StatusOr<nlohmann::json> ReportFailure(uint64_t v, Role role, int32_t rank,
+                                         const std::string& error);
+  // Waits up to `wait` for the version to finish. NotFound if never seen.
+  StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait);
+
+  nlohmann::json StatusJson();
+  std::string MetricsText();  // Prometheus text format 0.0.4
+
+  // Enforces deadlines (world timeout, version deadlines) and logs them.
+  // Every call does this too; the server also calls it periodically so
+  // the log and the metrics do not wait for a request.
+  void Tick();
+  // Wakes every waiter with Aborted; later waits return at once.
+  void Shutdown();
+
+ private:
+  explicit Controller(ControllerOptions options);
+
+  Status LoadStateLocked() WSYNC_REQUIRES(mu_);
+  // Tries to assemble and plan once every rank is registered.
+  Status MaybePlanLocked() WSYNC_REQUIRES(mu_);
+  Status InstallPlanLocked(const TrainerSpec& trainer, const InferenceSpec& inference,
+                           const nlohmann::json& trainer_json,
+                           const nlohmann::json& inference_json) WSYNC_REQUIRES(mu_);
+  // A registration after the plan exists: same metadata or FailedPrecondition.
+  StatusOr<nlohmann::json> ReRegisterLocked(Role role, int32_t rank, const nlohmann::json& rank_json,
+                                            const nlohmann::json* mesh_groups) WSYNC_REQUIRES(mu_);
+  void TickLocked(Clock::time_point now) WSYNC_REQUIRES(mu_);
+  void RecordErrorLocked(Role role, int32_t rank, const std::string& error) WSYNC_REQUIRES(mu_);
+  void SaveVersionsLocked() WSYNC_REQUIRES(mu_);
+  void LogVersionLocked(const VersionRecord& r) WSYNC_REQUIRES(mu_);
+  nlohmann::json RegisterReplyLocked(Role role, int32_t rank) WSYNC_REQUIRES(mu_);
+  std::vector<int32_t> MissingLocked(Role role) const WSYNC_REQUIRES(mu_);
+  std::string MissingTextLocked() const WSYNC_REQUIRES(mu_);
+  std::string PhaseLocked() const WSYNC_REQUIRES(mu_);
+  Status CheckReportLocked(Role role, int32_t rank) const WSYNC_REQUIRES(mu_);
+  void Log(const std::string& line) const;
+
+  // Set at construction, read-only afterwards.
+  const ControllerOptions options_;
+  const Clock::time_point started_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // signalled on plan, KV set, version finished, shutdown
+
+  bool shutdown_ WSYNC_GUARDED_BY(mu_) = false;
+  StateStore store_ WSYNC_GUARDED_BY(mu_);
+
+  // Registrations (before the plan) and assembly.
+  TrainerRegistry trainers_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, nlohmann::json> inference_ranks_ WSYNC_GUARDED_BY(mu_);
+  bool world_timed_out_ WSYNC_GUARDED_BY(mu_) = false;
+  std::string assembly_error_ WSYNC_GUARDED_BY(mu_);
+  struct ErrorRecord {
+    double unix;
+    Role role;
+    int32_t rank;
+    std::string error;
+  };
+  std::vector<ErrorRecord> errors_ WSYNC_GUARDED_BY(mu_);  // newest last, capped
+  uint64_t registration_errors_ WSYNC_GUARDED_BY(mu_) = 0;
+
+  // The plan; set once (by the last registration or from the state dir).
+  bool planned_ WSYNC_GUARDED_BY(mu_) = false;
+  TrainerSpec trainer_spec_ WSYNC_GUARDED_BY(mu_);
+  InferenceSpec inference_spec_ WSYNC_GUARDED_BY(mu_);
+  nlohmann::json trainer_json_ WSYNC_GUARDED_BY(mu_);    // normalized, for re-registration checks
+  nlohmann::json inference_json_ WSYNC_GUARDED_BY(mu_);
+  RoutingTable table_ WSYNC_GUARDED_BY(mu_);
+  PlanSummary summary_ WSYNC_GUARDED_BY(mu_);
+  std::string plan_id_ WSYNC_GUARDED_BY(mu_);
+  // Slices are built on first request and kept: every agent asks once, and
+  // after a restart again.
+  std::map<int32_t, std::string> trainer_slices_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, std::string> inference_slices_ WSYNC_GUARDED_BY(mu_);
+
+  VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
+  std::map<std::string, std::string> kv_ WSYNC_GUARDED_BY(mu_);
+};
+
+}  // namespace wsync::controller

@@ -1,0 +1,234 @@
+#include "controller/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+namespace wsync::controller {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kDefaultWaitMs = 10000;
+constexpr int64_t kMaxWaitMs = 60000;
+
+int HttpCode(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kAborted: return 503;
+    case StatusCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+void SendJson(httplib::Response& res, int code, const json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+void SendError(httplib::Response& res, const Status& s) {
+  SendJson(res, HttpCode(s.code()), {{"error", s.message()}});
+}
+
+void Send(httplib::Response& res, const StatusOr<json>& r) {
+  if (r.ok()) SendJson(res, 200, *r);
+  else SendError(res, r.status());
+}
+
+StatusOr<json> ParseBody(const httplib::Request& req) {
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument(req.path + ": request body is not a JSON object");
+  return j;
+}
+
+// `wait_ms` query parameter, clamped to [0, kMaxWaitMs].
+std::chrono::milliseconds WaitParam(const httplib::Request& req, int64_t fallback) {
+  int64_t ms = fallback;
+  if (req.has_param("wait_ms")) ms = std::strtoll(req.get_param_value("wait_ms").c_str(), nullptr, 10);
+  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxWaitMs));
+}
+
+StatusOr<uint64_t> ParseVersion(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    return InvalidArgument("version '" + s + "' is not an unsigned 64-bit integer");
+  return static_cast<uint64_t>(v);
+}
+
+StatusOr<int32_t> RankField(const json& body, const std::string& where) {
+  if (!body.contains("rank") || !body["rank"].is_number_integer())
+    return InvalidArgument(where + ": body needs an integer 'rank'");
+  return body["rank"].get<int32_t>();
+}
+
+}  // namespace
+
+StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    return InvalidArgument("address '" + address + "' is not HOST:PORT (e.g. 127.0.0.1:7070)");
+  const std::string port_text = address.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535)
+    return InvalidArgument("address '" + address + "': port '" + port_text + "' is not 0..65535");
+  return std::make_pair(address.substr(0, colon), static_cast<int>(port));
+}
+
+HttpServer::HttpServer(Controller* controller, ServerOptions options)
+    : controller_(controller), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::InstallRoutes() {
+  httplib::Server& s = *server_;
+  Controller* c = controller_;
+
+  s.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+
+  s.Post("/v1/register/trainer", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return SendError(res, body.status());
+    Send(res, c->RegisterTrainer(*body));
+  });
+  s.Post("/v1/register/inference", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return SendError(res, body.status());
+    Send(res, c->RegisterInference(*body));
+  });
+
+  s.Get("/v1/plan", [c](const httplib::Request& req, httplib::Response& res) {
+    std::optional<Role> role = ParseRole(req.get_param_value("role"));
+    const std::string rank_text = req.get_param_value("rank");
+    char* end = nullptr;
+    const long rank = std::strtol(rank_text.c_str(), &end, 10);
+    if (!role || rank_text.empty() || *end != '\0')
+      return SendError(res, InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R"));
+    StatusOr<json> slice = c->PlanSlice(*role, static_cast<int32_t>(rank), WaitParam(req, 0));
+    if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return Send(res, slice);
+    json body = c->WorldSummary();
+    body["error"] = slice.status().message();
+    SendJson(res, 409, body);
+  });
+
+  // Gloo rendezvous store: raw values, long-polled reads, counters.
+  s.Put(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
+    c->KvSet(req.matches[1], req.body);
+    SendJson(res, 200, json::object());
+  });
+  s.Get(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(req, kDefaultWaitMs));
+    if (!value.ok()) return SendError(res, value.status());
+    res.set_content(*value, "application/octet-stream");
+  });
+  s.Post(R"(/v1/kv/(.+)/add)", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return SendError(res, body.status());
+    if (!body->value("delta", json()).is_number_integer())
+      return SendError(res, InvalidArgument("kv add: body needs an integer 'delta'"));
+    StatusOr<int64_t> value = c->KvAdd(req.matches[1], (*body)["delta"].get<int64_t>());
+    if (!value.ok()) return SendError(res, value.status());
+    SendJson(res, 200, {{"value", *value}});
+  });
+
+  s.Post(R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|fail))",
+         [c](const httplib::Request& req, httplib::Response& res) {
+           StatusOr<uint64_t> v = ParseVersion(req.matches[1]);
+           if (!v.ok()) return SendError(res, v.status());
+           StatusOr<json> body = ParseBody(req);
+           if (!body.ok()) return SendError(res, body.status());
+           StatusOr<int32_t> rank = RankField(*body, req.path);
+           if (!rank.ok()) return SendError(res, rank.status());
+           const std::string action = req.matches[2];
+           const std::string error = body->value("error", json("")).is_string()
+                                         ? body->value("error", std::string()) : body->value("error", json()).dump();
+           if (action == "start") return Send(res, c->StartVersion(*v, *rank));
+           if (action == "fail") {
+             std::optional<Role> role = ParseRole(body->value("role", std::string("trainer")));
+             if (!role) return SendError(res, InvalidArgument("fail: 'role' must be trainer or inference"));
+             return Send(res, c->ReportFailure(*v, *role, *rank, error));
+           }
+           const Role role = action == "trainer_done" ? Role::kTrainer : Role::kInference;
+           const json ok = body->value("ok", json(true));
+           if (!ok.is_boolean()) return SendError(res, InvalidArgument(action + ": 'ok' must be true or false"));
+           Send(res, c->ReportDone(*v, role, *rank, ok.get<bool>(), error));
+         });
+  s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<uint64_t> v = ParseVersion(req.matches[1]);
+    if (!v.ok()) return SendError(res, v.status());
+    Send(res, c->GetVersion(*v, WaitParam(req, 0)));
+  });
+
+  s.Get("/v1/status", [c](const httplib::Request&, httplib::Response& res) {
+    SendJson(res, 200, c->StatusJson());
+  });
+  s.Get("/metrics", [c](const httplib::Request&, httplib::Response& res) {
+    res.set_content(c->MetricsText(), "text/plain; version=0.0.4");
+  });
+
+  // Unknown routes and httplib's own errors still answer {"error": ...}.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string what = res.status == 404 ? "no such route" : "HTTP " + std::to_string(res.status);
+    res.set_content(json{{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}.dump(),
+                    "application/json");
+  });
+}
+
+Status HttpServer::Start() {
+  const size_t threads = static_cast<size_t>(std::max(options_.threads, 4));
+  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->set_keep_alive_timeout(2);
+  InstallRoutes();
+  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
+                             : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  if (port_ < 0)
+    return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                       " (address in use, or not an address of this host)");
+  listener_ = std::thread([this] { server_->listen_after_bind(); });
+  // Connections queue in the backlog from bind on; waiting for the loop
+  // only makes Start() mean "serving" for callers that check is_running.
+  for (int i = 0; i < 2000 && !server_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ticker_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(tick_mu_);
+    const auto period = std::chrono::duration<double>(options_.tick_s);
+    while (!stopping_) {
+      tick_cv_.wait_for(lock, period);
+      if (stopping_) break;
+      lock.unlock();
+      controller_->Tick();
+      lock.lock();
+    }
+  });
+  return Status::Ok();
+}
+
+void HttpServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(tick_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  tick_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  controller_->Shutdown();
+  server_->stop();
+  if (listener_.joinable()) listener_.join();
+}
+
+}  // namespace wsync::controller

@@ -1,0 +1,83 @@
+// Checks on agent registrations as they arrive, and assembly of the whole
+// world into validated specs once every rank is in.
+//
+// Called by Controller under its mutex. The per-arrival checks compare a new
+// rank with the ranks already registered, so a mismatch is reported to the
+// agent that brings it (HTTP 400), naming rank and tensor. Everything else is
+// left to routing's strict loaders + validators (spec_io.h, validate.h), run
+// once on the full world by AssembleWorld: those need every rank at once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "routing/metadata.h"
+
+namespace wsync::controller {
+
+// A trainer registration split into the rank document and the mesh groups.
+struct TrainerRegistration {
+  int32_t rank = -1;
+  nlohmann::json rank_json;    // one entry of wsync.trainer/v1 "ranks"
+  nlohmann::json mesh_groups;  // wsync.trainer/v1 "mesh_groups"
+};
+
+// The trainer registrations received so far, indexed so that each arrival
+// is checked against earlier ranks in time linear in its own size.
+class TrainerRegistry {
+ public:
+  explicit TrainerRegistry(int32_t world) : world_(world) {}
+
+  // Splits `body` and checks it against the ranks registered so far (a rank
+  // registering again is checked against the others only). The error names
+  // the rank and, for metadata, the tensor.
+  StatusOr<TrainerRegistration> Check(const nlohmann::json& body) const;
+  // Adds (or replaces) a checked registration.
+  void Add(TrainerRegistration reg);
+  void Remove(int32_t rank);
+
+  const std::map<int32_t, nlohmann::json>& ranks() const { return ranks_; }
+  const nlohmann::json& mesh_groups() const { return mesh_groups_; }
+
+ private:
+  struct TensorFacts {
+    int32_t rank;             // first registrant
+    nlohmann::json facts;     // global_shape, dtype (normalized), mesh, placements, mesh_group
+  };
+  struct MeshFacts {
+    int32_t rank;             // first registrant
+    nlohmann::json shape, dim_names;
+    std::map<std::string, int32_t> coords;  // coord dump -> rank
+  };
+  void Index(int32_t rank, const nlohmann::json& rank_json);
+  void Rebuild();
+
+  int32_t world_;
+  std::map<int32_t, nlohmann::json> ranks_;
+  nlohmann::json mesh_groups_;  // null until the first registration
+  std::map<std::string, TensorFacts> tensors_;
+  std::map<std::string, MeshFacts> meshes_;
+};
+
+// Checks an inference registration's rank and basic shape.
+StatusOr<int32_t> CheckInferenceRegistration(const nlohmann::json& body, int32_t world);
+
+struct AssembledWorld {
+  TrainerSpec trainer;
+  InferenceSpec inference;
+  nlohmann::json trainer_json;    // wsync.trainer/v1, normalized (spec_io ToJson)
+  nlohmann::json inference_json;  // wsync.inference/v1, normalized
+};
+
+// Builds the spec documents from the registrations and parses them with the
+// strict loaders (which validate). Errors read
+// "trainer registrations: rank R: tensor 'T': ...".
+StatusOr<AssembledWorld> AssembleWorld(const std::map<int32_t, nlohmann::json>& trainer_ranks,
+                                       const nlohmann::json& mesh_groups,
+                                       const std::map<int32_t, nlohmann::json>& inference_ranks);
+
+}  // namespace wsync::controller

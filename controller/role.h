@@ -1,0 +1,20 @@
+// The two kinds of agents that talk to the controller. Shared by the
+// controller and its client.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace wsync::controller {
+
+enum class Role { kTrainer, kInference };
+
+inline const char* RoleName(Role r) { return r == Role::kTrainer ? "trainer" : "inference"; }
+
+inline std::optional<Role> ParseRole(const std::string& s) {
+  if (s == "trainer") return Role::kTrainer;
+  if (s == "inference") return Role::kInference;
+  return std::nullopt;
+}
+
+}  // namespace wsync::controller

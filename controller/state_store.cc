@@ -1,0 +1,105 @@
+#include "controller/state_store.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "routing/spec_io.h"
+
+namespace wsync::controller {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kStateSchema[] = "wsync.controller_state/v1";
+constexpr char kVersionsSchema[] = "wsync.controller_versions/v1";
+
+// Reads `path` as JSON; nullopt if the file does not exist.
+StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::optional<json>();
+  std::ifstream in(path);
+  if (!in) return Internal(path + ": cannot open: " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return InvalidArgument(path + ": not valid JSON; the state dir is damaged, start with a fresh --state-dir");
+  return std::optional<json>(std::move(j));
+}
+
+}  // namespace
+
+std::string StateStore::Path(const char* name) const { return dir_ + "/" + name; }
+
+Status StateStore::Init() {
+  if (dir_.empty()) return Status::Ok();
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) return Internal("state dir " + dir_ + ": cannot create: " + ec.message());
+  return Status::Ok();
+}
+
+Status StateStore::SaveWorld(const PersistedWorld& world, const json& plan) {
+  if (dir_.empty()) return Status::Ok();
+  WSYNC_RETURN_IF_ERROR(WriteJsonFile(plan, Path("plan.json"), -1));
+  json j = {{"schema", kStateSchema},
+            {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
+            {"plan_id", world.plan_id},
+            {"trainer", world.trainer},
+            {"inference", world.inference},
+            {"mapping", world.mapping}};
+  return WriteJsonFile(j, Path("world.json"), -1);
+}
+
+StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
+  if (dir_.empty()) return std::optional<PersistedWorld>();
+  const std::string path = Path("world.json");
+  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
+  if (!j) return std::optional<PersistedWorld>();
+  const json& s = *j;
+  if (!s.is_object() || s.value("schema", "") != kStateSchema || !s.contains("world") ||
+      !s["world"].is_object() || !s.contains("trainer") || !s.contains("inference") ||
+      !s.contains("mapping") || !s.value("plan_id", json()).is_string())
+    return InvalidArgument(path + ": not a " + std::string(kStateSchema) +
+                           " document; start with a fresh --state-dir");
+  PersistedWorld w;
+  w.trainer_ranks = s["world"].value("trainers", 0);
+  w.inference_ranks = s["world"].value("inference", 0);
+  w.trainer = s["trainer"];
+  w.inference = s["inference"];
+  w.mapping = s["mapping"];
+  w.plan_id = s["plan_id"].get<std::string>();
+  return std::optional<PersistedWorld>(std::move(w));
+}
+
+Status StateStore::SaveVersions(const PersistedVersions& v) {
+  if (dir_.empty()) return Status::Ok();
+  json j = {{"schema", kVersionsSchema},
+            {"has_complete", v.has_complete},
+            {"latest_complete", v.latest_complete},
+            {"update_seconds", v.update_seconds},
+            {"finished_unix", v.finished_unix}};
+  return WriteJsonFile(j, Path("versions.json"), 1);
+}
+
+StatusOr<PersistedVersions> StateStore::LoadVersions() const {
+  PersistedVersions v;
+  if (dir_.empty()) return v;
+  const std::string path = Path("versions.json");
+  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
+  if (!j) return v;
+  if (!j->is_object() || j->value("schema", "") != kVersionsSchema)
+    return InvalidArgument(path + ": not a " + std::string(kVersionsSchema) +
+                           " document; start with a fresh --state-dir");
+  v.has_complete = j->value("has_complete", false);
+  v.latest_complete = j->value("latest_complete", uint64_t{0});
+  v.update_seconds = j->value("update_seconds", 0.0);
+  v.finished_unix = j->value("finished_unix", 0.0);
+  return v;
+}
+
+}  // namespace wsync::controller

@@ -1,0 +1,58 @@
+// The controller's state dir: what a restarted controller needs to serve the
+// same plan and remember the latest complete version.
+//
+// Files (each written through temp + rename, never half-written):
+//   plan.json       wsync.plan/v1 of the assembled world (for inspection and
+//                   offline tools; written before world.json)
+//   world.json      wsync.controller_state/v1: world sizes, the assembled
+//                   trainer/inference/mapping specs and the plan_id. Its
+//                   presence is the commit point: no world.json, no plan.
+//   versions.json   latest complete version and its update time.
+// Used by Controller only, under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace wsync::controller {
+
+struct PersistedWorld {
+  int32_t trainer_ranks = 0;
+  int32_t inference_ranks = 0;
+  nlohmann::json trainer;    // wsync.trainer/v1
+  nlohmann::json inference;  // wsync.inference/v1
+  nlohmann::json mapping;    // wsync.mapping/v1
+  std::string plan_id;
+};
+
+struct PersistedVersions {
+  bool has_complete = false;
+  uint64_t latest_complete = 0;
+  double update_seconds = 0;
+  double finished_unix = 0;
+};
+
+class StateStore {
+ public:
+  // An empty `dir` keeps nothing (every call succeeds, loads find nothing).
+  explicit StateStore(std::string dir) : dir_(std::move(dir)) {}
+
+  Status Init();  // creates the dir
+  Status SaveWorld(const PersistedWorld& world, const nlohmann::json& plan);
+  StatusOr<std::optional<PersistedWorld>> LoadWorld() const;
+  Status SaveVersions(const PersistedVersions& versions);
+  StatusOr<PersistedVersions> LoadVersions() const;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string Path(const char* name) const;
+  std::string dir_;
+};
+
+}  // namespace wsync::controller

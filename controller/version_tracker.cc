@@ -1,0 +1,191 @@
+#include "controller/version_tracker.h"
+
+#include <algorithm>
+
+namespace wsync::controller {
+
+namespace {
+
+// Finished versions kept for /v1/status; running ones are never dropped.
+constexpr size_t kKeepFinished = 64;
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string Ranks(const std::vector<int32_t>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+const char* VersionStateName(VersionState s) {
+  switch (s) {
+    case VersionState::kStarted: return "started";
+    case VersionState::kComplete: return "complete";
+    case VersionState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) const {
+  nlohmann::json failures_json = nlohmann::json::array();
+  for (const RankFailure& f : failures)
+    failures_json.push_back({{"role", f.role}, {"rank", f.rank}, {"error", f.error}});
+  nlohmann::json j = {{"version", version},
+                      {"state", VersionStateName(state)},
+                      {"started_unix", started_unix},
+                      {"trainer_done", trainer_done},
+                      {"inference_done", inference_done},
+                      {"failures", std::move(failures_json)}};
+  if (finished()) {
+    j["finished_unix"] = finished_unix;
+    j["seconds"] = seconds;
+  } else {
+    j["deadline_in_s"] = std::chrono::duration<double>(deadline - now).count();
+  }
+  return j;
+}
+
+VersionTracker::VersionTracker(int32_t trainers, int32_t inference, double timeout_s)
+    : trainers_(trainers),
+      inference_(inference),
+      timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
+
+StatusOr<VersionRecord*> VersionTracker::GetOrStart(uint64_t v, Clock::time_point now,
+                                                    bool explicit_start) {
+  auto it = records_.find(v);
+  if (it != records_.end()) {
+    if (explicit_start && it->second.finished())
+      return FailedPrecondition("version " + std::to_string(v) + " already " +
+                                VersionStateName(it->second.state) +
+                                "; start a new version number");
+    return &it->second;
+  }
+  if (has_complete_ && v <= latest_complete_)
+    return FailedPrecondition("version " + std::to_string(v) + " is not above the latest complete version " +
+                              std::to_string(latest_complete_) + "; use a higher version number");
+  VersionRecord& r = records_[v];
+  r.version = v;
+  r.start = now;
+  r.deadline = now + timeout_;
+  r.started_unix = UnixNow();
+  ++started_total_;
+  Prune();
+  return &records_[v];
+}
+
+StatusOr<const VersionRecord*> VersionTracker::Start(uint64_t v, Clock::time_point now) {
+  WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, /*explicit_start=*/true));
+  return static_cast<const VersionRecord*>(r);
+}
+
+StatusOr<const VersionRecord*> VersionTracker::TrainerDone(uint64_t v, int32_t rank, bool ok,
+                                                           const std::string& error,
+                                                           Clock::time_point now) {
+  WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
+  if (!ok) return Fail(v, "trainer", rank, error.empty() ? "reported not ok" : error, now);
+  r->trainer_done.insert(rank);
+  return static_cast<const VersionRecord*>(r);
+}
+
+StatusOr<const VersionRecord*> VersionTracker::InferenceDone(uint64_t v, int32_t rank, bool ok,
+                                                             const std::string& error,
+                                                             Clock::time_point now) {
+  WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
+  if (!ok) return Fail(v, "inference", rank, error.empty() ? "reported not ok" : error, now);
+  r->inference_done.insert(rank);
+  if (r->state == VersionState::kStarted &&
+      static_cast<int32_t>(r->inference_done.size()) == inference_) {
+    // Deadlines are enforced here too, not only by the ticker: a report that
+    // arrives after the deadline must not complete the version.
+    if (now > r->deadline) {
+      ExpireOverdue(now);
+    } else {
+      Finish(r, VersionState::kComplete, now);
+    }
+  }
+  return static_cast<const VersionRecord*>(r);
+}
+
+StatusOr<const VersionRecord*> VersionTracker::Fail(uint64_t v, const std::string& role, int32_t rank,
+                                                    const std::string& error, Clock::time_point now) {
+  WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
+  r->failures.push_back({role, rank, error});
+  if (r->state == VersionState::kStarted) Finish(r, VersionState::kFailed, now);
+  return static_cast<const VersionRecord*>(r);
+}
+
+std::vector<const VersionRecord*> VersionTracker::ExpireOverdue(Clock::time_point now) {
+  std::vector<const VersionRecord*> expired;
+  for (auto& [v, r] : records_) {
+    if (r.state != VersionState::kStarted || now <= r.deadline) continue;
+    std::vector<int32_t> waiting;
+    for (int32_t i = 0; i < inference_; ++i)
+      if (!r.inference_done.count(i)) waiting.push_back(i);
+    std::vector<int32_t> trainers_waiting;
+    for (int32_t i = 0; i < trainers_; ++i)
+      if (!r.trainer_done.count(i)) trainers_waiting.push_back(i);
+    const double limit = std::chrono::duration<double>(timeout_).count();
+    r.failures.push_back(
+        {"controller", -1,
+         "deadline of " + std::to_string(limit) + " s passed; inference ranks not done " +
+             Ranks(waiting) + ", trainer ranks not done " + Ranks(trainers_waiting)});
+    Finish(&r, VersionState::kFailed, now);
+    expired.push_back(&r);
+  }
+  return expired;
+}
+
+void VersionTracker::Finish(VersionRecord* r, VersionState state, Clock::time_point now) {
+  r->state = state;
+  r->finished_unix = UnixNow();
+  r->seconds = std::chrono::duration<double>(now - r->start).count();
+  if (state == VersionState::kComplete) {
+    ++complete_total_;
+    last_update_seconds_ = r->seconds;
+    if (!has_complete_ || r->version > latest_complete_) latest_complete_ = r->version;
+    has_complete_ = true;
+  } else {
+    ++failed_total_;
+  }
+}
+
+void VersionTracker::Prune() {
+  size_t finished = 0;
+  for (const auto& [v, r] : records_) finished += r.finished();
+  for (auto it = records_.begin(); it != records_.end() && finished > kKeepFinished;) {
+    if (it->second.finished()) {
+      it = records_.erase(it);
+      --finished;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void VersionTracker::RestoreLatestComplete(uint64_t v, double seconds, double finished_unix) {
+  has_complete_ = true;
+  latest_complete_ = v;
+  last_update_seconds_ = seconds;
+  VersionRecord& r = records_[v];
+  r.version = v;
+  r.state = VersionState::kComplete;
+  r.seconds = seconds;
+  r.finished_unix = finished_unix;
+  r.started_unix = finished_unix - seconds;
+}
+
+const VersionRecord* VersionTracker::Find(uint64_t v) const {
+  auto it = records_.find(v);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+int VersionTracker::in_progress() const {
+  return static_cast<int>(std::count_if(records_.begin(), records_.end(),
+                                        [](const auto& kv) { return !kv.second.finished(); }));
+}
+
+}  // namespace wsync::controller

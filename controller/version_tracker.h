@@ -1,0 +1,101 @@
+// Per-version bookkeeping of weight updates: who started a version, which
+// ranks reported done, whether it completed or failed and why.
+//
+// Owned by Controller and used only under its mutex (not thread-safe on its
+// own). The rule it enforces is the one users depend on: a version is
+// complete only when every inference rank reported its writes landed; any
+// failure report or a passed deadline makes it failed, and a failed version
+// never becomes complete.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace wsync::controller {
+
+enum class VersionState { kStarted, kComplete, kFailed };
+const char* VersionStateName(VersionState s);
+
+struct RankFailure {
+  std::string role;  // "trainer", "inference" or "controller" (deadline)
+  int32_t rank = -1;
+  std::string error;
+};
+
+struct VersionRecord {
+  uint64_t version = 0;
+  VersionState state = VersionState::kStarted;
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point deadline;
+  double started_unix = 0;
+  double finished_unix = 0;
+  double seconds = 0;  // start to finish
+  std::set<int32_t> trainer_done;
+  std::set<int32_t> inference_done;
+  std::vector<RankFailure> failures;
+
+  bool finished() const { return state != VersionState::kStarted; }
+  nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
+};
+
+class VersionTracker {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  VersionTracker(int32_t trainers, int32_t inference, double timeout_s);
+
+  // Starts `v` (idempotent while it runs). FailedPrecondition if it already
+  // finished or is not above the latest complete version.
+  StatusOr<const VersionRecord*> Start(uint64_t v, Clock::time_point now);
+  // Reports; an unknown version is started implicitly (a report may overtake
+  // the start call). Reports on a finished version are recorded only.
+  StatusOr<const VersionRecord*> TrainerDone(uint64_t v, int32_t rank, bool ok,
+                                             const std::string& error, Clock::time_point now);
+  StatusOr<const VersionRecord*> InferenceDone(uint64_t v, int32_t rank, bool ok,
+                                               const std::string& error, Clock::time_point now);
+  StatusOr<const VersionRecord*> Fail(uint64_t v, const std::string& role, int32_t rank,
+                                      const std::string& error, Clock::time_point now);
+
+  // Fails every running version whose deadline passed; returns them.
+  std::vector<const VersionRecord*> ExpireOverdue(Clock::time_point now);
+
+  const VersionRecord* Find(uint64_t v) const;
+  const std::map<uint64_t, VersionRecord>& records() const { return records_; }
+
+  // Restores what a restarted controller knows from its state dir.
+  void RestoreLatestComplete(uint64_t v, double seconds, double finished_unix);
+
+  bool has_complete() const { return has_complete_; }
+  uint64_t latest_complete() const { return latest_complete_; }
+  double last_update_seconds() const { return last_update_seconds_; }
+  uint64_t started_total() const { return started_total_; }
+  uint64_t complete_total() const { return complete_total_; }
+  uint64_t failed_total() const { return failed_total_; }
+  int in_progress() const;
+
+ private:
+  StatusOr<VersionRecord*> GetOrStart(uint64_t v, Clock::time_point now, bool explicit_start);
+  void Finish(VersionRecord* r, VersionState state, Clock::time_point now);
+  void Prune();
+
+  int32_t trainers_;
+  int32_t inference_;
+  Clock::duration timeout_;
+  std::map<uint64_t, VersionRecord> records_;
+  bool has_complete_ = false;
+  uint64_t latest_complete_ = 0;
+  double last_update_seconds_ = 0;
+  uint64_t started_total_ = 0;
+  uint64_t complete_total_ = 0;
+  uint64_t failed_total_ = 0;
+};
+
+}  // namespace wsync::controller

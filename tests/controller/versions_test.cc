@@ -1,0 +1,135 @@
+// Update versions: complete only when every inference rank has its bytes;
+// failures name the rank; deadlines fail a version, never complete it.
+#include <thread>
+
+#include "controller/version_tracker.h"
+#include "controller_fixture.h"
+
+namespace wsync::controller::testing {
+namespace {
+
+TEST_F(ControllerTest, VersionCompletesOnlyWhenEveryInferenceRankIsDone) {
+  StartServer();
+  RegisterAll();
+  StatusOr<VersionStatus> v = client_->StartVersion(1, 0);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->state, "started");
+  ASSERT_TRUE(client_->StartVersion(1, 1).ok());  // every trainer may call start
+
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 0, Status::Ok()).ok());
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 1, Status::Ok()).ok());
+  v = client_->ReportInferenceDone(1, 0, Status::Ok());
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->state, "started") << "trainers done and one of two replicas done is not complete";
+
+  std::thread waiter_done;
+  StatusOr<VersionStatus> waited = Internal("not waited");
+  waiter_done = std::thread([&] { waited = client_->WaitVersion(1, In(10)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  v = client_->ReportInferenceDone(1, 1, Status::Ok());
+  waiter_done.join();
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->state, "complete");
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_TRUE(waited->complete());
+
+  json s = Status();
+  EXPECT_EQ(s["latest_complete_version"], 1);
+  // Starting a finished version again is refused.
+  StatusOr<VersionStatus> again = client_->StartVersion(1, 0);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ControllerTest, FailureNamesTheRankAndIsFinal) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(2, 0).ok());
+  ASSERT_TRUE(client_->ReportTrainerDone(2, 0, Status::Ok()).ok());
+  StatusOr<VersionStatus> v = client_->ReportTrainerDone(2, 1, Internal("trainer agent killed"));
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->failed());
+  ASSERT_EQ(v->failures.size(), 1u);
+  EXPECT_EQ(v->failures[0].role, "trainer");
+  EXPECT_EQ(v->failures[0].rank, 1);
+  EXPECT_NE(v->failures[0].error.find("killed"), std::string::npos);
+
+  // Late success reports change nothing: a failed version is never complete.
+  ASSERT_TRUE(client_->ReportInferenceDone(2, 0, Status::Ok()).ok());
+  v = client_->ReportInferenceDone(2, 1, Status::Ok());
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->failed());
+  EXPECT_TRUE(Status()["latest_complete_version"].is_null());
+
+  // An inference-side failure, through the fail endpoint.
+  v = client_->ReportFailure(3, Role::kInference, 1, "immediate count short by 2");
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->failed());
+  EXPECT_EQ(v->failures[0].role, "inference");
+  EXPECT_EQ(v->failures[0].rank, 1);
+
+  // The next version after failures still completes.
+  ASSERT_TRUE(client_->StartVersion(4, 0).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(4, 0, Status::Ok()).ok());
+  EXPECT_TRUE(client_->ReportInferenceDone(4, 1, Status::Ok())->complete());
+}
+
+TEST_F(ControllerTest, VersionPastItsDeadlineFailsAndNeverCompletes) {
+  ControllerOptions o = Options();
+  o.version_timeout_s = 0.3;
+  StartServer(o);
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(5, 0).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(5, 0, Status::Ok()).ok());
+  StatusOr<VersionStatus> v = client_->WaitVersion(5, In(5));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->failed());
+  ASSERT_FALSE(v->failures.empty());
+  EXPECT_NE(v->failures[0].error.find("deadline"), std::string::npos) << v->failures[0].error;
+  EXPECT_NE(v->failures[0].error.find("inference ranks not done [1]"), std::string::npos) << v->failures[0].error;
+  v = client_->ReportInferenceDone(5, 1, Status::Ok());
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->failed());
+  StatusOr<std::string> metrics = client_->GetMetrics();
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->find("wsync_versions_total{state=\"failed\"} 1\n"), std::string::npos) << *metrics;
+  EXPECT_NE(metrics->find("wsync_versions_total{state=\"complete\"} 0\n"), std::string::npos) << *metrics;
+}
+
+TEST_F(ControllerTest, ReportsBeforeThePlanOrFromUnknownRanksAreRefused) {
+  StartServer();
+  StatusOr<VersionStatus> v = client_->StartVersion(1, 0);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kFailedPrecondition);
+  RegisterAll();
+  v = client_->ReportInferenceDone(1, 9, Status::Ok());
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("inference rank 9"), std::string::npos);
+}
+
+// The tracker on its own, with a clock the test controls.
+TEST(VersionTrackerTest, DeadlineIsCheckedEvenWhenTheLastReportArrivesLate) {
+  VersionTracker t(/*trainers=*/1, /*inference=*/2, /*timeout_s=*/1.0);
+  const auto t0 = VersionTracker::Clock::now();
+  ASSERT_TRUE(t.Start(7, t0).ok());
+  ASSERT_TRUE(t.InferenceDone(7, 0, true, "", t0).ok());
+  StatusOr<const VersionRecord*> r = t.InferenceDone(7, 1, true, "", t0 + std::chrono::seconds(2));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->state, VersionState::kFailed);
+  EXPECT_FALSE(t.has_complete());
+  EXPECT_EQ(t.failed_total(), 1u);
+}
+
+TEST(VersionTrackerTest, OldVersionNumbersAreRefusedAfterACompleteOne) {
+  VersionTracker t(1, 1, 10.0);
+  const auto t0 = VersionTracker::Clock::now();
+  ASSERT_TRUE(t.InferenceDone(10, 0, true, "", t0).ok());  // implicit start, then complete
+  EXPECT_TRUE(t.has_complete());
+  EXPECT_EQ(t.latest_complete(), 10u);
+  EXPECT_FALSE(t.Start(9, t0).ok());
+  EXPECT_TRUE(t.Start(11, t0).ok());
+}
+
+}  // namespace
+}  // namespace wsync::controller::testing
