@@ -167,6 +167,10 @@ HeldBox Held(const TrainerSpec& spec, int32_t rank, const std::string& name) {
 
 }  // namespace
 
+bool HeldIsBox(const TrainerSpec& trainer, int32_t rank, const std::string& name) {
+  return Held(trainer, rank, name).ok;
+}
+
 CheckResult CheckPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
                       const RoutingTable& table) {
   CheckResult res;

@@ -47,6 +47,10 @@ void AddTensor(InferenceRank* rank, const std::string& name, const Shape& shape,
                std::optional<TpSlice> tp = std::nullopt,
                std::optional<ExpertRange> experts = std::nullopt);
 
+// True if what `rank` holds of `name` after unshard (per the specs' local
+// boxes) is one box; false if gathering leaves it holes.
+bool HeldIsBox(const TrainerSpec& trainer, int32_t rank, const std::string& name);
+
 // What each destination element received: (source index, source flat index),
 // or (-1, -1) if nothing.
 using ElementOrigin = std::pair<int32_t, int64_t>;
