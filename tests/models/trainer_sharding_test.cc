@@ -145,13 +145,36 @@ void ExpectShardsCoverEachParamOnce(const TrainerSpec& t) {
   for (const auto& [name, h] : held) EXPECT_EQ(h.second, h.first) << name;
 }
 
-TEST(TrainerSharding, EveryExampleCoversEachParamOnce) {
-  for (const char* ex : {"tiny-moe-4x2", "llama3-8b-16x8", "qwen3-235b-64x32",
-                         "deepseek-v3-128x64", "kimi-k2-256x128"}) {
+// Each rank's share, recomputed from its mesh coordinates with the
+// independent torch.chunk pieces above: the elements it holds must add up.
+void ExpectEveryRankHoldsItsShare(const TrainerSpec& t) {
+  for (const TrainerRank& r : t.ranks) {
+    std::map<std::string, const MeshCoord*> meshes;
+    for (const MeshCoord& m : r.meshes) meshes[m.mesh] = &m;
+    int64_t held = 0, expected = 0;
+    for (const TrainerParam& p : r.params) {
+      held += Elements(p.local_shape);
+      const MeshCoord* m = meshes.at(p.mesh);
+      Shape box = p.global_shape;
+      for (size_t d = 0; d < p.placements.size(); ++d) {
+        if (p.placements[d].kind != Placement::Kind::kShard) continue;
+        const int32_t dim = p.placements[d].dim;
+        box[dim] = TorchChunkPieces(box[dim], m->shape[d])[m->coord[d]].second;
+      }
+      expected += Elements(box);
+    }
+    EXPECT_EQ(held, expected) << "rank " << r.rank;
+  }
+}
+
+TEST(TrainerSharding, EveryExampleCoversEachParamOnceAndEachRankHoldsItsShare) {
+  for (const char* ex : {"tiny-moe-4x2", "demo-moe-4x2", "llama3-8b-16x8",
+                         "qwen3-235b-64x32", "deepseek-v3-128x64", "kimi-k2-256x128"}) {
     SCOPED_TRACE(ex);
     auto specs = GenerateFromClusterFile(test::ExampleCluster(ex));
     ASSERT_TRUE(specs.ok()) << specs.status().ToString();
     ExpectShardsCoverEachParamOnce(specs->trainer);
+    ExpectEveryRankHoldsItsShare(specs->trainer);
   }
 }
 
