@@ -103,6 +103,7 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
   }
   // Meshes: one shape/dim-name set per id, every coordinate exactly once.
   std::unordered_map<std::string_view, MeshInfo> meshes;
+  std::vector<std::string_view> mesh_order;  // first appearance, for deterministic errors
   for (const TrainerRank& rank : spec.ranks) {
     for (size_t mi = 0; mi < rank.meshes.size(); ++mi) {
       const MeshCoord& m = rank.meshes[mi];
@@ -125,6 +126,7 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
         return Fail(source, rank.rank, "mesh '" + m.mesh + "': shape " + ShapeStr(m.shape) + " too large");
       MeshInfo& info = meshes[m.mesh];
       if (!info.first) {
+        mesh_order.push_back(m.mesh);
         info.first = &m;
         info.first_rank = rank.rank;
         info.rank_at.assign(total, -1);
@@ -142,7 +144,8 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
       info.rank_at[flat] = rank.rank;
     }
   }
-  for (const auto& [id, info] : meshes) {
+  for (std::string_view id : mesh_order) {
+    const MeshInfo& info = meshes.at(id);
     for (size_t flat = 0; flat < info.rank_at.size(); ++flat) {
       if (info.rank_at[flat] >= 0) continue;
       Shape coord(info.first->shape.size());
@@ -180,6 +183,7 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
     int64_t count;
   };
   std::unordered_map<std::string_view, FirstSeen> seen;
+  std::vector<std::string_view> param_order;
   std::vector<Range> scratch;
   for (const TrainerRank& rank : spec.ranks) {
     std::unordered_map<std::string_view, int> local;
@@ -204,7 +208,10 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
       WSYNC_RETURN_IF_ERROR(CheckParamShape(source, rank, p, *mesh, &scratch));
       auto [it, inserted] = seen.emplace(p.name, FirstSeen{&p, rank.rank, 0});
       ++it->second.count;
-      if (inserted) continue;
+      if (inserted) {
+        param_order.push_back(p.name);
+        continue;
+      }
       const TrainerParam& q = *it->second.param;
       std::string diff;
       if (q.global_shape != p.global_shape)
@@ -224,7 +231,8 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
                                            " (a parameter must be identical on every rank)");
     }
   }
-  for (const auto& [name, first] : seen) {
+  for (std::string_view name : param_order) {
+    const FirstSeen& first = seen.at(name);
     const MeshInfo& info = meshes.at(first.param->mesh);
     const int64_t want = static_cast<int64_t>(info.rank_at.size());
     if (first.count == want) continue;
