@@ -25,6 +25,12 @@ std::chrono::steady_clock::duration Seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
 
+std::string FormatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
+}
+
 std::string RankList(const std::vector<int32_t>& ranks) { return json(ranks).dump(); }
 
 // 64-bit FNV-1a of the plan document: equal plans have equal ids.
@@ -332,7 +338,7 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
   if (shutdown_) return Aborted("controller is shutting down");
   if (!planned_) {
     std::string msg = "world incomplete: " + MissingTextLocked();
-    if (world_timed_out_) msg += " (world timeout of " + std::to_string(options_.world_timeout_s) + " s passed)";
+    if (world_timed_out_) msg += " (world timeout of " + FormatSeconds(options_.world_timeout_s) + " s passed)";
     if (!assembly_error_.empty()) msg += "; last assembly error: " + assembly_error_;
     return FailedPrecondition(msg);
   }
@@ -496,7 +502,7 @@ void Controller::Tick() {
 void Controller::TickLocked(Clock::time_point now) {
   if (!planned_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
     world_timed_out_ = true;
-    Log("failed to assemble the world within " + std::to_string(options_.world_timeout_s) + " s: " +
+    Log("failed to assemble the world within " + FormatSeconds(options_.world_timeout_s) + " s: " +
         MissingTextLocked() + " (still accepting registrations)");
     cv_.notify_all();
   }

@@ -1,4 +1,5 @@
 // Controller's read-only views: /v1/status JSON and /metrics text.
+#include <cstdint>
 #include <cstdio>
 
 #include "controller/controller.h"
@@ -17,7 +18,11 @@ class MetricsWriter {
   }
   void Sample(const char* name, const std::string& labels, double value) {
     char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.17g", value);
+    // Counts and byte totals print exactly; times with 9 significant digits.
+    if (value == static_cast<double>(static_cast<int64_t>(value)) && value < 9.0e15 && value > -9.0e15)
+      std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(value));
+    else
+      std::snprintf(buf, sizeof(buf), "%.9g", value);
     out_ += name;
     if (!labels.empty()) out_ += "{" + labels + "}";
     out_ += std::string(" ") + buf + "\n";

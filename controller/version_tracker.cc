@@ -1,6 +1,7 @@
 #include "controller/version_tracker.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace wsync::controller {
 
@@ -128,10 +129,11 @@ std::vector<const VersionRecord*> VersionTracker::ExpireOverdue(Clock::time_poin
     std::vector<int32_t> trainers_waiting;
     for (int32_t i = 0; i < trainers_; ++i)
       if (!r.trainer_done.count(i)) trainers_waiting.push_back(i);
-    const double limit = std::chrono::duration<double>(timeout_).count();
+    char limit[32];
+    std::snprintf(limit, sizeof(limit), "%g", std::chrono::duration<double>(timeout_).count());
     r.failures.push_back(
         {"controller", -1,
-         "deadline of " + std::to_string(limit) + " s passed; inference ranks not done " +
+         "deadline of " + std::string(limit) + " s passed; inference ranks not done " +
              Ranks(waiting) + ", trainer ranks not done " + Ranks(trainers_waiting)});
     Finish(&r, VersionState::kFailed, now);
     expired.push_back(&r);

@@ -1,0 +1,128 @@
+// `wsync controller`: runs the control plane (docs/CONTROL_PLANE.md) until
+// SIGINT/SIGTERM. The first stdout line is the bound address (HOST:PORT),
+// flushed, so scripts and tests can start it with port 0 and read it back;
+// events go to stderr, one line each.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "controller/controller.h"
+#include "controller/http_server.h"
+#include "routing/spec_io.h"
+
+namespace wsync::cli {
+
+namespace {
+
+struct ControllerCommandOptions {
+  std::string listen = "127.0.0.1:0";
+  std::string state_dir;
+  int trainers = 0;
+  int inference = 0;
+  std::string mapping;
+  double world_timeout_s = 300;
+  double version_timeout_s = 300;
+  int threads = 0;
+};
+
+void LogLine(const std::string& line) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::fprintf(stderr, "%s wsync controller: %s\n", stamp, line.c_str());
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "wsync controller: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+int RunController(const ControllerCommandOptions& opt) {
+  StatusOr<std::pair<std::string, int>> listen = controller::ParseHostPort(opt.listen);
+  if (!listen.ok()) return Fail(listen.status());
+
+  controller::ControllerOptions options;
+  options.trainers = opt.trainers;
+  options.inference = opt.inference;
+  options.state_dir = opt.state_dir;
+  options.world_timeout_s = opt.world_timeout_s;
+  options.version_timeout_s = opt.version_timeout_s;
+  options.log = LogLine;
+  if (!opt.mapping.empty()) {
+    StatusOr<MappingSpec> mapping = ParseMappingSpecFromFile(opt.mapping);
+    if (!mapping.ok()) return Fail(mapping.status());
+    options.mapping = *mapping;
+  }
+
+  // Block the stop signals before any thread starts, so every thread
+  // inherits the mask and only sigwait below sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  StatusOr<std::unique_ptr<controller::Controller>> ctl = controller::Controller::Create(std::move(options));
+  if (!ctl.ok()) return Fail(ctl.status());
+  controller::ServerOptions server_options;
+  server_options.host = listen->first;
+  server_options.port = listen->second;
+  // Every agent may hold a long poll at once (plan, KV, version waits).
+  server_options.threads =
+      opt.threads > 0 ? opt.threads : std::max(64, 2 * (opt.trainers + opt.inference) + 16);
+  controller::HttpServer server(ctl->get(), server_options);
+  Status started = server.Start();
+  if (!started.ok()) return Fail(started);
+
+  std::printf("%s\n", server.address().c_str());
+  std::fflush(stdout);
+  LogLine("listening on " + server.address() + " for " + std::to_string(opt.trainers) + " trainer + " +
+          std::to_string(opt.inference) + " inference ranks" +
+          (opt.state_dir.empty() ? std::string(" (no state dir: nothing persists)")
+                                 : "; state dir " + opt.state_dir));
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  LogLine(std::string("stopping on ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+  server.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void AddControllerCommand(CLI::App& app) {
+  auto opt = std::make_shared<ControllerCommandOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "controller", "Run the control plane: registrations, plan, Gloo rendezvous, update versions (HTTP/JSON)");
+  cmd->add_option("--listen", opt->listen, "HOST:PORT to serve on; port 0 picks a free one (printed first on stdout)")
+      ->capture_default_str();
+  cmd->add_option("--state-dir", opt->state_dir,
+                  "Where the plan and the latest complete version persist; a restart on it serves the same plan")
+      ->required();
+  cmd->add_option("--trainers", opt->trainers, "Trainer ranks in the world")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--inference", opt->inference, "Inference ranks in the world")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--mapping", opt->mapping, "wsync.mapping/v1 file (default: identity names)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--world-timeout", opt->world_timeout_s,
+                  "Seconds to wait for every rank before reporting who is missing")
+      ->capture_default_str();
+  cmd->add_option("--version-timeout", opt->version_timeout_s,
+                  "Seconds a version may take before it is marked failed")
+      ->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
+  cmd->callback([opt] { std::exit(RunController(*opt)); });
+}
+
+}  // namespace wsync::cli
