@@ -1,0 +1,611 @@
+#include "pipeline/executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "pipeline/box_pack.h"
+
+namespace wsync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+uint64_t Elements(const Box& b) { return static_cast<uint64_t>(b.NumElements()); }
+
+std::string BoxStr(const Box& b) {
+  std::string s = "[";
+  for (int d = 0; d < b.ndim; ++d) {
+    if (d > 0) s += ", ";
+    s += std::to_string(b.offset[d]) + ":" + std::to_string(b.offset[d] + b.size[d]);
+  }
+  return s + "]";
+}
+
+// Descriptors travel as hex text in JSON documents (see executor.h).
+StatusOr<transport::MemoryDescriptor> ParseDescriptorText(const std::string& text) {
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  bool hex = text.size() % 2 == 0;
+  for (size_t i = 0; hex && i < text.size(); ++i) hex = nibble(text[i]) >= 0;
+  if (!hex) return transport::MemoryDescriptor::Parse(text);
+  std::string raw(text.size() / 2, '\0');
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<char>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
+  return transport::MemoryDescriptor::Parse(raw);
+}
+
+// One write of one source, resolved at Create.
+struct WriteWork {
+  const RankWrite* write = nullptr;
+  size_t remote = 0;        // index into Impl::remotes
+  uint64_t staging_at = 0;  // offset of its staging inside the source's chunk
+  uint64_t staging_bytes = 0;
+};
+
+// One source, resolved at Create. Its temporary memory is one chunk of the
+// arena: [held | gloo reserve | q | scales] (transient, given back after
+// packing) followed by one staging slot per write (given back per write).
+struct SourceWork {
+  size_t mesh_group = 0;
+  const RankSource* src = nullptr;
+  int gather_group = -1;  // index into Impl::gather_sets; -1: nothing to gather
+  std::vector<int64_t> held_shape;
+  uint64_t local_bytes = 0;
+  uint64_t held_bytes = 0;
+  uint64_t local_at = 0;  // where the local shard goes inside the held buffer
+  bool quantize = false;
+  uint64_t q_at = 0;
+  uint64_t scale_at = 0;
+  uint64_t transient_bytes = 0;
+  uint64_t need = 0;
+  std::vector<WriteWork> writes;
+};
+
+}  // namespace
+
+struct PlanExecutor::Impl {
+  const TrainerRankPlan* plan = nullptr;
+  transport::Engine* engine = nullptr;
+  RendezvousStore* store = nullptr;
+  ExecutorOptions options;
+
+  std::vector<transport::RemoteMemory> remotes;
+  std::vector<std::vector<int32_t>> gather_sets;  // distinct gather_ranks sets, first-use order
+  std::vector<SourceWork> work;                   // every source, plan order
+  std::vector<std::pair<size_t, size_t>> group_work;  // per MeshGroup: [begin, end) of work
+  std::unique_ptr<TempArena> arena;
+
+  std::vector<std::unique_ptr<GlooGroup>> gather_groups;  // index = gather_sets
+  std::vector<std::unique_ptr<GlooGroup>> mesh_groups;    // index = plan.groups
+  bool groups_ready = false;
+
+  // Writes in flight; completions arrive on the engine's callback thread.
+  std::mutex mu;
+  std::condition_variable idle;
+  uint64_t inflight = 0;  // guarded by mu
+  Status write_error;     // first failed write of the version; guarded by mu
+  std::atomic<bool> write_failed{false};
+  Clock::time_point run_start;
+
+  std::string Where(const SourceWork& sw) const {
+    return "trainer rank " + std::to_string(plan->rank) + ": mesh group '" + plan->groups[sw.mesh_group].name +
+           "': tensor '" + sw.src->name + "'";
+  }
+  std::string WriteWhere(const SourceWork& sw, const RankWrite& w) const {
+    return Where(sw) + ": write to inference rank " + std::to_string(w.dst_rank) + " '" + w.dst_name +
+           "' (region '" + w.region + "' offset " + std::to_string(w.region_offset) + ", " +
+           std::to_string(w.bytes) + " bytes)";
+  }
+
+  Status Resolve();
+  Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
+  Status EnsureGroups(uint64_t version);
+  Status CheckVersion(size_t g, uint64_t version);
+  Status RunSource(SourceWork& sw, uint64_t version, ShardSource& shards, VersionReport* report);
+  void OnWriteDone(const SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s);
+  void RecordError(const Status& s);
+  Status WaitWrites(Clock::time_point deadline);
+};
+
+// ------------------------------------------------------------------ setup --
+
+Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
+                                         std::map<std::pair<int32_t, std::string>, size_t>* regions) {
+  SourceWork sw;
+  sw.mesh_group = g;
+  sw.src = &src;
+  const std::string where = Where(sw);
+  const int n = static_cast<int>(src.global_shape.size());
+  if (n < 1 || n > kMaxDims || src.local.ndim != n || src.held.ndim != n) {
+    return InvalidArgument(where + ": plan boxes do not match its " + std::to_string(n) + "-d global shape");
+  }
+  const int64_t esize = DTypeSize(src.dtype);
+  sw.held_shape.assign(src.held.size.begin(), src.held.size.begin() + n);
+  sw.local_bytes = Elements(src.local) * esize;
+  sw.held_bytes = Elements(src.held) * esize;
+  if (!BoxWithin(src.local, src.held)) {
+    return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not inside the held box " +
+                           BoxStr(src.held));
+  }
+
+  const bool gathers = src.gather_dim >= 0 && src.gather_ranks.size() > 1;
+  if (gathers) {
+    const int gd = src.gather_dim;
+    auto me = std::find(src.gather_ranks.begin(), src.gather_ranks.end(), plan->rank);
+    if (gd >= n || me == src.gather_ranks.end()) {
+      return InvalidArgument(where + ": gather dim " + std::to_string(gd) + " / ranks do not include rank " +
+                             std::to_string(plan->rank));
+    }
+    const int index = static_cast<int>(me - src.gather_ranks.begin());
+    const int size = static_cast<int>(src.gather_ranks.size());
+    // GlooGroup::AllGatherShards gathers torch.chunk pieces of the held box.
+    const ChunkRange chunk = TorchChunk(src.held.size[gd], size, index);
+    for (int d = 0; d < n; ++d) {
+      const bool ok = d == gd ? (src.local.offset[d] == src.held.offset[d] + chunk.begin || chunk.size == 0) &&
+                                    src.local.size[d] == chunk.size
+                              : src.local.offset[d] == src.held.offset[d] && src.local.size[d] == src.held.size[d];
+      if (!ok) {
+        return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not piece " +
+                               std::to_string(index) + " of " + std::to_string(size) + " of the held box " +
+                               BoxStr(src.held) + " along dim " + std::to_string(gd));
+      }
+    }
+    int64_t outer = 1, inner = esize;
+    for (int d = 0; d < n; ++d) {
+      if (d < gd) outer *= src.held.size[d];
+      if (d > gd) inner *= src.held.size[d];
+    }
+    // Gather in place where the piece already sits in the full tensor.
+    sw.local_at = outer == 1 ? static_cast<uint64_t>(chunk.begin * inner) : 0;
+    auto found = std::find(gather_sets.begin(), gather_sets.end(), src.gather_ranks);
+    sw.gather_group = static_cast<int>(found - gather_sets.begin());
+    if (found == gather_sets.end()) gather_sets.push_back(src.gather_ranks);
+    // Gloo stages a gather along an inner dim in a buffer of its own; count it.
+    sw.transient_bytes = AlignTemp(sw.held_bytes) + (outer > 1 ? AlignTemp(sw.held_bytes) : 0);
+  } else {
+    if (src.local != src.held) {
+      return InvalidArgument(where + ": holds " + BoxStr(src.held) + " after unshard but has no all-gather for its " +
+                             "local shard " + BoxStr(src.local));
+    }
+    sw.transient_bytes = AlignTemp(sw.held_bytes);
+  }
+
+  for (const RankWrite& w : src.writes) {
+    if (w.kind == WriteKind::kScale || w.dst_dtype == DType::kFP8E4M3) sw.quantize = true;
+  }
+  Box grid;
+  if (sw.quantize) {
+    if (src.dtype != DType::kBF16 || n < 2) {
+      return InvalidArgument(where + ": fp8 destinations need a bf16 source of at least 2 dims (got " +
+                             std::string(DTypeName(src.dtype)) + ", " + std::to_string(n) + "-d)");
+    }
+    if (src.block_rows != 128 || src.block_cols != 128) {
+      return InvalidArgument(where + ": fp8 block " + std::to_string(src.block_rows) + "x" +
+                             std::to_string(src.block_cols) + " is not supported (128x128 only)");
+    }
+    if (src.held.offset[n - 1] != 0 || src.held.offset[n - 2] != 0 || src.held.size[n - 1] != src.global_shape[n - 1] ||
+        src.held.size[n - 2] != src.global_shape[n - 2]) {
+      return InvalidArgument(where + ": fp8 blocks need the whole last two dims, but the rank holds " +
+                             BoxStr(src.held));
+    }
+    grid = HeldScaleGrid(src.held);
+    sw.q_at = sw.transient_bytes;
+    sw.transient_bytes += AlignTemp(Elements(src.held));
+    sw.scale_at = sw.transient_bytes;
+    sw.transient_bytes += AlignTemp(Elements(grid) * sizeof(float));
+  }
+
+  uint64_t at = sw.transient_bytes;
+  for (const RankWrite& w : src.writes) {
+    const std::string wwhere = WriteWhere(sw, w);
+    const bool scale = w.kind == WriteKind::kScale;
+    if (w.src_box.ndim != n || !BoxWithin(w.src_box, scale ? grid : src.held)) {
+      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is outside what the rank holds (" +
+                             BoxStr(scale ? grid : src.held) + (scale ? " in the block grid)" : ")"));
+    }
+    if (scale && w.dst_dtype != DType::kFP32) {
+      return InvalidArgument(wwhere + ": scales are fp32, the plan says " + std::string(DTypeName(w.dst_dtype)));
+    }
+    if (!scale && w.dst_dtype != DType::kFP8E4M3 && !CanCast(src.dtype, w.dst_dtype)) {
+      return InvalidArgument(wwhere + ": cannot convert " + std::string(DTypeName(src.dtype)) + " to " +
+                             std::string(DTypeName(w.dst_dtype)));
+    }
+    const uint64_t want = Elements(w.src_box) * DTypeSize(w.dst_dtype);
+    if (w.bytes != want) {
+      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is " + std::to_string(want) +
+                             " bytes of " + std::string(DTypeName(w.dst_dtype)) + ", the plan says " +
+                             std::to_string(w.bytes));
+    }
+    auto key = std::make_pair(w.dst_rank, w.region);
+    auto it = regions->find(key);
+    if (it == regions->end()) {
+      const InferencePeer* peer = nullptr;
+      for (const InferencePeer& p : plan->peers) {
+        if (p.rank == w.dst_rank) peer = &p;
+      }
+      if (peer == nullptr) return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " is not in the plan's peers");
+      auto d = peer->region_descriptors.find(w.region);
+      if (d == peer->region_descriptors.end() || d->second.empty()) {
+        return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " has no transport descriptor for region '" +
+                        w.region + "' (has its inference agent registered memory?)");
+      }
+      StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(d->second);
+      if (!desc.ok()) return desc.status().WithContext(wwhere);
+      StatusOr<transport::RemoteMemory> remote = engine->Import(*desc);
+      if (!remote.ok()) return remote.status().WithContext(wwhere);
+      it = regions->emplace(key, remotes.size()).first;
+      remotes.push_back(*remote);
+    }
+    const transport::RemoteMemory& remote = remotes[it->second];
+    if (w.region_offset + w.bytes > remote.length) {
+      return OutOfRange(wwhere + ": ends at byte " + std::to_string(w.region_offset + w.bytes) + " of a " +
+                        std::to_string(remote.length) + "-byte region");
+    }
+    WriteWork ww;
+    ww.write = &w;
+    ww.remote = it->second;
+    ww.staging_at = at;
+    ww.staging_bytes = AlignTemp(std::max<uint64_t>(w.bytes, 1));
+    at += ww.staging_bytes;
+    sw.writes.push_back(ww);
+  }
+  sw.need = at;
+  if (sw.need > options.watermark_bytes) {
+    return InvalidArgument(where + " needs " + std::to_string(sw.need) + " bytes of temporary memory (gathered " +
+                           std::to_string(sw.held_bytes) + ", staging " + std::to_string(sw.need - sw.transient_bytes) +
+                           "), above the watermark of " + std::to_string(options.watermark_bytes) +
+                           " bytes; raise the watermark to at least " + std::to_string(sw.need));
+  }
+  work.push_back(std::move(sw));
+  return Status::Ok();
+}
+
+Status PlanExecutor::Impl::Resolve() {
+  if (plan->rank < 0) return InvalidArgument("trainer plan: rank is not set");
+  std::map<std::pair<int32_t, std::string>, size_t> regions;
+  for (size_t g = 0; g < plan->groups.size(); ++g) {
+    const RankMeshGroup& group = plan->groups[g];
+    if (std::find(group.ranks.begin(), group.ranks.end(), plan->rank) == group.ranks.end()) {
+      return InvalidArgument("trainer rank " + std::to_string(plan->rank) + ": mesh group '" + group.name +
+                             "' does not list this rank");
+    }
+    const size_t begin = work.size();
+    for (const RankSource& src : group.sources) WSYNC_RETURN_IF_ERROR(ResolveSource(g, src, &regions));
+    group_work.emplace_back(begin, work.size());
+  }
+  uint64_t staging = 0, largest = 0;
+  for (const SourceWork& sw : work) {
+    staging += sw.need - sw.transient_bytes;
+    largest = std::max(largest, sw.need);
+  }
+  // Room for every write of the version in flight plus two sources' worth, so
+  // fragmentation rarely makes a source wait when the watermark would not.
+  const uint64_t capacity = std::min(options.watermark_bytes, staging + 2 * largest);
+  if (capacity > 0) {
+    WSYNC_ASSIGN_OR_RETURN(arena, TempArena::Create(capacity, engine));
+  }
+  return Status::Ok();
+}
+
+// ----------------------------------------------------------- collectives --
+
+Status PlanExecutor::Impl::EnsureGroups(uint64_t version) {
+  if (groups_ready) return Status::Ok();
+  gather_groups.clear();
+  mesh_groups.clear();
+  gather_groups.resize(gather_sets.size());
+  const std::string gen = options.rendezvous_prefix + "/gen" + std::to_string(version);
+  auto index_of = [&](const std::vector<int32_t>& ranks) {
+    return static_cast<int>(std::find(ranks.begin(), ranks.end(), plan->rank) - ranks.begin());
+  };
+  // Every rank makes its groups in the same global order (MeshGroup by
+  // MeshGroup, sources in plan order), so no two ranks wait on each other
+  // crosswise during rendezvous.
+  for (size_t g = 0; g < plan->groups.size(); ++g) {
+    const RankMeshGroup& group = plan->groups[g];
+    StatusOr<std::unique_ptr<GlooGroup>> mesh = GlooGroup::Create(
+        *store, gen + "/mesh/" + group.name, index_of(group.ranks), static_cast<int>(group.ranks.size()), options.gloo);
+    if (!mesh.ok()) {
+      return mesh.status().WithContext("trainer rank " + std::to_string(plan->rank) + ": mesh group '" + group.name +
+                                       "': joining its Gloo group");
+    }
+    mesh_groups.push_back(std::move(mesh).value());
+    for (size_t i = group_work[g].first; i < group_work[g].second; ++i) {
+      const SourceWork& sw = work[i];
+      if (sw.gather_group < 0 || gather_groups[sw.gather_group]) continue;
+      const std::vector<int32_t>& ranks = gather_sets[sw.gather_group];
+      std::string name = gen + "/gather/";
+      for (size_t k = 0; k < ranks.size(); ++k) name += (k ? "-" : "") + std::to_string(ranks[k]);
+      StatusOr<std::unique_ptr<GlooGroup>> gather =
+          GlooGroup::Create(*store, name, index_of(ranks), static_cast<int>(ranks.size()), options.gloo);
+      if (!gather.ok()) return gather.status().WithContext(Where(sw) + ": joining its all-gather group");
+      gather_groups[sw.gather_group] = std::move(gather).value();
+    }
+  }
+  groups_ready = true;
+  return Status::Ok();
+}
+
+Status PlanExecutor::Impl::CheckVersion(size_t g, uint64_t version) {
+  // Mixing versions in one all-gather would write a blend of two steps:
+  // every rank shows its version first (8 bytes as two fp32 slots per rank).
+  GlooGroup& group = *mesh_groups[g];
+  const int size = group.size();
+  std::vector<uint64_t> all(static_cast<size_t>(size));
+  const int64_t shape[1] = {2 * static_cast<int64_t>(size)};
+  const std::string where = "trainer rank " + std::to_string(plan->rank) + ": mesh group '" + plan->groups[g].name + "'";
+  Status s = group.AllGatherShards(&version, all.data(), shape, 0, DType::kFP32);
+  if (!s.ok()) return s.WithContext(where + ": version check");
+  for (int r = 0; r < size; ++r) {
+    if (all[r] != version) {
+      return FailedPrecondition(where + ": trainer rank " + std::to_string(plan->groups[g].ranks[r]) +
+                                " runs version " + std::to_string(all[r]) + " while this rank runs " +
+                                std::to_string(version) + "; every trainer agent must run the same versions");
+    }
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------- run --
+
+void PlanExecutor::Impl::OnWriteDone(const SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s) {
+  if (!s.ok()) RecordError(s.WithContext(WriteWhere(sw, *ww.write)));
+  arena->Free(offset, ww.staging_bytes);  // also wakes a watermark wait
+  std::lock_guard<std::mutex> lock(mu);
+  if (--inflight == 0) idle.notify_all();
+}
+
+Status PlanExecutor::Impl::WaitWrites(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (!idle.wait_until(lock, deadline, [&] { return inflight == 0; })) {
+    return DeadlineExceeded("trainer rank " + std::to_string(plan->rank) + ": " + std::to_string(inflight) +
+                            " writes still in flight after " + std::to_string(options.write_timeout.count()) + " ms");
+  }
+  return write_error;
+}
+
+void PlanExecutor::Impl::RecordError(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (write_error.ok()) write_error = s;
+  }
+  write_failed.store(true, std::memory_order_release);
+}
+
+// Returns non-OK only for a failed collective (the group is then unusable and
+// the peers have failed too). Any other failure is recorded and the source's
+// collectives still run with whatever data there is, writing nothing, so the
+// peers finish the version quickly instead of waiting for a Gloo timeout.
+Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSource& shards, VersionReport* report) {
+  const RankSource& src = *sw.src;
+  StageSeconds& t = report->seconds;
+
+  // 1. watermark
+  auto t0 = Clock::now();
+  bool waited = false;
+  StatusOr<uint64_t> chunk = arena->Allocate(sw.need, t0 + options.write_timeout, [] { return false; }, &waited);
+  t.watermark_wait += Since(t0);
+  if (!chunk.ok()) return chunk.status().WithContext(Where(sw) + ": waiting for temporary memory");
+  report->watermark_waits += waited ? 1 : 0;
+  uint8_t* base = arena->data() + *chunk;
+  uint8_t* held = base;
+  size_t posted = 0;
+  auto give_back = [&] {
+    arena->Free(*chunk, sw.transient_bytes);
+    for (size_t i = posted; i < sw.writes.size(); ++i) {
+      arena->Free(*chunk + sw.writes[i].staging_at, sw.writes[i].staging_bytes);
+    }
+  };
+
+  // 2. copy
+  t0 = Clock::now();
+  uint64_t bytes = 0;
+  const uint8_t* local = shards.Shard(src.name, &bytes);
+  if ((local == nullptr && sw.local_bytes > 0) || bytes != sw.local_bytes) {
+    RecordError(FailedPrecondition(Where(sw) + ": the trainer exports " + std::to_string(bytes) +
+                                   " bytes for it, but the plan's local shard " + BoxStr(src.local) + " is " +
+                                   std::to_string(sw.local_bytes) + " bytes"));
+    std::memset(held + sw.local_at, 0, sw.local_bytes);
+  } else if (sw.local_bytes > 0) {
+    std::memcpy(held + sw.local_at, local, sw.local_bytes);
+  }
+  t.copy += Since(t0);
+  report->copied_bytes += sw.local_bytes;
+
+  // 3. all-gather
+  if (sw.gather_group >= 0) {
+    t0 = Clock::now();
+    Status s = gather_groups[sw.gather_group]->AllGatherShards(held + sw.local_at, held, sw.held_shape,
+                                                               src.gather_dim, src.dtype);
+    t.all_gather += Since(t0);
+    if (!s.ok()) {
+      give_back();
+      return s.WithContext(Where(sw) + ": all-gather");
+    }
+  }
+  report->gathered_bytes += sw.held_bytes;
+  if (&sw == &work.back()) {
+    shards.ReadsDone(version);
+    report->reads_done_after = Since(run_start);
+  }
+  if (write_failed.load(std::memory_order_acquire)) {
+    give_back();
+    return Status::Ok();
+  }
+
+  // 4. quantize
+  t0 = Clock::now();
+  if (sw.quantize) {
+    Status s = QuantizeHeld(reinterpret_cast<const uint16_t*>(held), src.held, base + sw.q_at,
+                            reinterpret_cast<float*>(base + sw.scale_at));
+    if (!s.ok()) {
+      RecordError(s.WithContext(Where(sw) + ": fp8 quantize"));
+      give_back();
+      return Status::Ok();
+    }
+  }
+
+  // 5. pack + post
+  const Box grid = sw.quantize ? HeldScaleGrid(src.held) : Box{};
+  const uint32_t imm = static_cast<uint32_t>(version);
+  for (; posted < sw.writes.size(); ++posted) {
+    const WriteWork& ww = sw.writes[posted];
+    const RankWrite& w = *ww.write;
+    uint8_t* out = base + ww.staging_at;
+    if (w.kind == WriteKind::kScale) {
+      PackBox(base + sw.scale_at, grid, DType::kFP32, w.src_box, DType::kFP32, out);
+    } else if (w.dst_dtype == DType::kFP8E4M3) {
+      PackBox(base + sw.q_at, src.held, DType::kFP8E4M3, w.src_box, DType::kFP8E4M3, out);
+    } else {
+      PackBox(held, src.held, src.dtype, w.src_box, w.dst_dtype, out);
+    }
+    const auto tp = Clock::now();
+    t.quantize_pack += std::chrono::duration<double>(tp - t0).count();
+    transport::SingleWrite req;
+    req.src = arena->region();
+    req.src_offset = *chunk + ww.staging_at;
+    req.dst = remotes[ww.remote];
+    req.dst_offset = w.region_offset;
+    req.length = w.bytes;
+    req.imm = imm;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++inflight;
+    }
+    const uint64_t offset = req.src_offset;
+    Status s = engine->Write(req, [this, &sw, &ww, offset](const Status& st) { OnWriteDone(sw, ww, offset, st); });
+    t0 = Clock::now();
+    t.post += std::chrono::duration<double>(t0 - tp).count();
+    if (!s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --inflight;
+      }
+      RecordError(s.WithContext(WriteWhere(sw, w)));
+      break;
+    }
+    report->written_bytes += w.bytes;
+    ++report->writes;
+  }
+  give_back();  // the transient part, and the staging of writes not posted
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------ PlanExecutor --
+
+StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(TrainerRankPlan plan, transport::Engine* engine,
+                                                             RendezvousStore* store, ExecutorOptions options) {
+  if (engine == nullptr || store == nullptr) return InvalidArgument("plan executor: engine and store are required");
+  std::unique_ptr<PlanExecutor> executor(new PlanExecutor(std::move(plan)));
+  executor->impl_ = std::make_unique<Impl>();
+  Impl& impl = *executor->impl_;
+  impl.plan = &executor->plan_;
+  impl.engine = engine;
+  impl.store = store;
+  impl.options = std::move(options);
+  WSYNC_RETURN_IF_ERROR(impl.Resolve());
+  return executor;
+}
+
+PlanExecutor::PlanExecutor(TrainerRankPlan plan) : plan_(std::move(plan)) {}
+
+PlanExecutor::~PlanExecutor() {
+  if (!impl_) return;
+  // Callbacks of writes still in flight point into impl_ and the arena.
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->inflight == 0; });
+}
+
+uint64_t PlanExecutor::max_source_need() const {
+  uint64_t need = 0;
+  for (const SourceWork& sw : impl_->work) need = std::max(need, sw.need);
+  return need;
+}
+
+uint64_t PlanExecutor::arena_bytes() const { return impl_->arena ? impl_->arena->capacity() : 0; }
+
+void PlanExecutor::ResetGroups() { impl_->groups_ready = false; }
+
+StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards) {
+  Impl& impl = *impl_;
+  VersionReport report;
+  report.version = version;
+  report.sources = impl.work.size();
+  report.watermark_bytes = impl.options.watermark_bytes;
+  impl.run_start = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    impl.write_error = Status::Ok();
+    impl.write_failed.store(false);
+  }
+  if (impl.arena) impl.arena->ResetPeak();
+
+  auto t0 = Clock::now();
+  Status failure = impl.EnsureGroups(version);
+  report.seconds.barrier += Since(t0);
+  if (impl.work.empty() && failure.ok()) shards.ReadsDone(version);
+  for (size_t g = 0; g < plan_.groups.size() && failure.ok(); ++g) {
+    t0 = Clock::now();
+    failure = impl.CheckVersion(g, version);
+    report.seconds.barrier += Since(t0);
+    if (!failure.ok()) {
+      if (failure.code() != StatusCode::kFailedPrecondition) impl.groups_ready = false;
+      break;
+    }
+    for (size_t i = impl.group_work[g].first; i < impl.group_work[g].second && failure.ok(); ++i) {
+      failure = impl.RunSource(impl.work[i], version, shards, &report);
+      if (!failure.ok()) impl.groups_ready = false;
+    }
+    if (!failure.ok()) break;
+    t0 = Clock::now();
+    Status s = impl.mesh_groups[g]->Barrier();
+    report.seconds.barrier += Since(t0);
+    if (!s.ok()) {
+      impl.groups_ready = false;
+      failure = s.WithContext("trainer rank " + std::to_string(plan_.rank) + ": mesh group '" + plan_.groups[g].name +
+                              "': barrier");
+    }
+  }
+  if (!failure.ok() && !impl.groups_ready) {
+    impl.gather_groups.clear();  // broken; the next Run rebuilds under a new generation
+    impl.mesh_groups.clear();
+  }
+
+  t0 = Clock::now();
+  Status writes = impl.WaitWrites(Clock::now() + impl.options.write_timeout);
+  report.seconds.wait_writes += Since(t0);
+  report.seconds.total = Since(impl.run_start);
+  if (impl.arena) report.peak_temp_bytes = impl.arena->peak();
+  if (!failure.ok()) return failure;
+  if (!writes.ok()) return writes;
+  return report;
+}
+
+std::string VersionReport::Summary() const {
+  const double mib = static_cast<double>(written_bytes) / (1 << 20);
+  const double gbps = seconds.total > 0 ? static_cast<double>(written_bytes) / seconds.total / 1e9 : 0.0;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "version %llu: %.3f s, %.1f MiB in %llu writes (%.2f GB/s); copy %.3f, all-gather %.3f, "
+                "quantize+pack %.3f, post %.3f, watermark wait %.3f (%llu of %llu sources waited), wait writes %.3f, "
+                "barrier %.3f s; reads done after %.3f s; peak temp %.1f of %.1f MiB",
+                static_cast<unsigned long long>(version), seconds.total, mib,
+                static_cast<unsigned long long>(writes), gbps, seconds.copy, seconds.all_gather,
+                seconds.quantize_pack, seconds.post, seconds.watermark_wait,
+                static_cast<unsigned long long>(watermark_waits), static_cast<unsigned long long>(sources), seconds.wait_writes, seconds.barrier,
+                reads_done_after, static_cast<double>(peak_temp_bytes) / (1 << 20),
+                static_cast<double>(watermark_bytes) / (1 << 20));
+  return buf;
+}
+
+}  // namespace wsync

@@ -1,0 +1,129 @@
+// PlanExecutor: runs one trainer rank's part of a weight update, version
+// after version, from its TrainerRankPlan (routing/rank_plan.h).
+//
+// Per version, for each MeshGroup in plan order and each of its sources in
+// plan order (the same order on every rank of the group):
+//   1. watermark: wait until temporary memory in flight plus this source's
+//      needs fit under the watermark (writes in flight give theirs back);
+//   2. copy: the local shard out of the ShardSource into temporary memory
+//      (host-to-device on GPU; a plain copy on host);
+//   3. all-gather (full_tensor) along gather_dim over gather_ranks (Gloo);
+//   4. quantize to fp8 e4m3 128x128 blocks when a write wants fp8 or scales;
+//   5. pack each write's src_box row-major into registered staging and post
+//      it as a one-sided write with immediate = version (low 32 bits); the
+//      staging goes back when the engine reports the write done;
+// then a Gloo barrier over the MeshGroup. After the last all-gather of the
+// version the ShardSource hears ReadsDone(version): the trainer may change its
+// weights while the last writes are still on the wire. Run returns once every
+// write has completed.
+//
+// Temporary memory is one arena registered once (pipeline/temp_arena.h), at
+// most the watermark; Gloo groups (one per distinct gather_ranks set, one per
+// MeshGroup for its barrier and a version check) are made on the first Run
+// and reused; rendezvous names carry a generation (the version that built
+// them), so after a failed collective the next Run rebuilds them on every
+// rank alike.
+//
+// Region descriptors in the plan are the hex text of
+// transport::MemoryDescriptor::Serialize() (the wsync.inference/v1
+// convention, inference_agent/descriptor_text.h); raw bytes are accepted too.
+//
+// Errors: Create refuses a plan it cannot run (a source needing more than the
+// watermark, a box outside what the rank holds, an unknown region, a dtype it
+// cannot produce) before anything starts. Run's failures (dead peer = Gloo
+// timeout, transport error, ranks on different versions) are one Status
+// naming the rank, MeshGroup and tensor; the version is not done then, and
+// ReadsDone is not signalled (the caller decides: trainer_agent marks it
+// failed). Callers: `wsync trainer-agent` and the tests.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "pipeline/collectives.h"
+#include "pipeline/shard_source.h"
+#include "pipeline/temp_arena.h"
+#include "routing/rank_plan.h"
+#include "transport/engine.h"
+
+namespace wsync {
+
+struct ExecutorOptions {
+  // Bound on temporary memory (gathered tensors, quantized bytes, write
+  // staging) at any moment. The arena is min(watermark, one version's needs).
+  uint64_t watermark_bytes = 1ull << 30;
+  // Prefix of every Gloo rendezvous key, e.g. the job name or plan id: one
+  // store may serve several jobs.
+  std::string rendezvous_prefix = "wsync";
+  GlooGroupOptions gloo;
+  // Bound on waiting for temporary memory and for the last writes. The
+  // engine's own per-operation timeout normally ends a dead write sooner.
+  std::chrono::milliseconds write_timeout{std::chrono::seconds(120)};
+};
+
+// Seconds spent per stage in one Run.
+struct StageSeconds {
+  double copy = 0;            // local shard -> temporary memory
+  double all_gather = 0;      // Gloo all-gathers (full_tensor)
+  double quantize_pack = 0;   // fp8 quantize + packing boxes into staging
+  double post = 0;            // handing writes to the engine
+  double watermark_wait = 0;  // waiting for temporary memory
+  double wait_writes = 0;     // waiting for the last writes after posting all
+  double barrier = 0;         // MeshGroup barriers and version checks
+  double total = 0;
+};
+
+struct VersionReport {
+  uint64_t version = 0;
+  StageSeconds seconds;
+  double reads_done_after = 0;   // seconds from start until ReadsDone
+  uint64_t copied_bytes = 0;     // local shards read
+  uint64_t gathered_bytes = 0;   // held tensors after all-gather
+  uint64_t written_bytes = 0;
+  uint64_t writes = 0;
+  uint64_t sources = 0;
+  uint64_t watermark_waits = 0;  // sources that had to wait for memory
+  uint64_t peak_temp_bytes = 0;  // never above watermark_bytes
+  uint64_t watermark_bytes = 0;
+
+  // One line: "version 7: 1.23 s, 512.0 MiB written (0.43 GB/s), copy ..."
+  std::string Summary() const;
+};
+
+class PlanExecutor {
+ public:
+  // `engine` and `store` must outlive the executor. Imports every peer
+  // region of the plan and registers the temporary memory; no collectives.
+  static StatusOr<std::unique_ptr<PlanExecutor>> Create(TrainerRankPlan plan, transport::Engine* engine,
+                                                        RendezvousStore* store, ExecutorOptions options);
+  ~PlanExecutor();
+  PlanExecutor(const PlanExecutor&) = delete;
+  PlanExecutor& operator=(const PlanExecutor&) = delete;
+
+  // Runs one version. Every rank of the plan must run the same versions in
+  // the same order. Not reentrant.
+  StatusOr<VersionReport> Run(uint64_t version, ShardSource& shards);
+
+  const TrainerRankPlan& plan() const { return plan_; }
+  // Temporary memory actually mapped (<= watermark).
+  uint64_t arena_bytes() const;
+  // The most temporary memory one source needs: the smallest watermark this
+  // plan runs under (then sources run one at a time).
+  uint64_t max_source_need() const;
+  // Drops the Gloo groups; the next Run rebuilds them (generation = its
+  // version). Run does this by itself after a failed collective.
+  void ResetGroups();
+
+ private:
+  struct Impl;
+  explicit PlanExecutor(TrainerRankPlan plan);
+
+  TrainerRankPlan plan_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wsync
