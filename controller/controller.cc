@@ -127,7 +127,11 @@ Status Controller::LoadStateLocked() {
 
 Status Controller::InstallPlanLocked(const TrainerSpec& trainer, const InferenceSpec& inference,
                                      const json& trainer_json, const json& inference_json) {
-  StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, {});
+  PlanOptions plan_options;
+  plan_options.trainer_source = "trainer registrations";  // CulpritOf reads these prefixes
+  plan_options.inference_source = "inference registrations";
+  plan_options.mapping_source = "mapping";
+  StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, plan_options);
   if (!table.ok()) return InvalidArgument(table.status().message());
   const json plan_json = PlanToJson(*table);
   trainer_spec_ = trainer;
@@ -165,6 +169,19 @@ Status Controller::MaybePlanLocked() {
       std::to_string(table_.ops.size()) + " writes, " + std::to_string(summary_.wire_bytes) +
       " bytes per update");
   return Status::Ok();
+}
+
+bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& error) {
+  std::optional<Culprit> culprit = CulpritOf(error);
+  if (!culprit) return false;
+  const Role at_fault = culprit->trainer ? Role::kTrainer : Role::kInference;
+  if (at_fault == role && culprit->rank == rank) return false;
+  if (at_fault == Role::kTrainer) trainers_.Remove(culprit->rank);
+  else inference_ranks_.erase(culprit->rank);
+  rejected_[{at_fault, culprit->rank}] = error;
+  RecordErrorLocked(at_fault, culprit->rank, error + " (registration dropped when the world was assembled)");
+  cv_.notify_all();  // its agent may be waiting for the plan
+  return true;
 }
 
 void Controller::RecordErrorLocked(Role role, int32_t rank, const std::string& error) {
@@ -250,11 +267,14 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   Log("registered trainer rank " + std::to_string(rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
+  rejected_.erase({Role::kTrainer, rank});
   Status planned = MaybePlanLocked();
   if (!planned.ok()) {
+    assembly_error_ = planned.message();
+    if (DropCulpritLocked(Role::kTrainer, rank, planned.message()))
+      return RegisterReplyLocked(Role::kTrainer, rank);
     trainers_.Remove(rank);
     if (old) trainers_.Add(*old);
-    assembly_error_ = planned.message();
     RecordErrorLocked(Role::kTrainer, rank, planned.message());
     return planned;
   }
@@ -282,11 +302,14 @@ StatusOr<json> Controller::RegisterInference(const json& body) {
   Log("registered inference rank " + std::to_string(*rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
+  rejected_.erase({Role::kInference, *rank});
   Status planned = MaybePlanLocked();
   if (!planned.ok()) {
+    assembly_error_ = planned.message();
+    if (DropCulpritLocked(Role::kInference, *rank, planned.message()))
+      return RegisterReplyLocked(Role::kInference, *rank);
     if (old) inference_ranks_[*rank] = *old;
     else inference_ranks_.erase(*rank);
-    assembly_error_ = planned.message();
     RecordErrorLocked(Role::kInference, *rank, planned.message());
     return planned;
   }
@@ -331,6 +354,9 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
                            " is outside 0.." + std::to_string(n - 1));
   const Clock::time_point until = Clock::now() + wait;
   while (!planned_ && !shutdown_) {
+    if (auto it = rejected_.find({role, rank}); it != rejected_.end())
+      return InvalidArgument(it->second + " (this registration was dropped when the world was assembled; "
+                             "fix the metadata and register again)");
     TickLocked(Clock::now());
     if (Clock::now() >= until) break;
     cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(500)));

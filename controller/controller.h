@@ -106,6 +106,9 @@ class Controller {
                                             const nlohmann::json* mesh_groups) WSYNC_REQUIRES(mu_);
   void TickLocked(Clock::time_point now) WSYNC_REQUIRES(mu_);
   void RecordErrorLocked(Role role, int32_t rank, const std::string& error) WSYNC_REQUIRES(mu_);
+  // When an assembly error names a rank other than (role, rank), drops that
+  // rank's registration instead, remembers why for its agent, returns true.
+  bool DropCulpritLocked(Role role, int32_t rank, const std::string& error) WSYNC_REQUIRES(mu_);
   void SaveVersionsLocked() WSYNC_REQUIRES(mu_);
   void LogVersionLocked(const VersionRecord& r) WSYNC_REQUIRES(mu_);
   nlohmann::json RegisterReplyLocked(Role role, int32_t rank) WSYNC_REQUIRES(mu_);
@@ -128,6 +131,9 @@ class Controller {
   // Registrations (before the plan) and assembly.
   TrainerRegistry trainers_ WSYNC_GUARDED_BY(mu_);
   std::map<int32_t, nlohmann::json> inference_ranks_ WSYNC_GUARDED_BY(mu_);
+  // Registrations dropped at assembly because the error named them; their
+  // agents get the error from /v1/plan until they register again.
+  std::map<std::pair<Role, int32_t>, std::string> rejected_ WSYNC_GUARDED_BY(mu_);
   bool world_timed_out_ WSYNC_GUARDED_BY(mu_) = false;
   std::string assembly_error_ WSYNC_GUARDED_BY(mu_);
   struct ErrorRecord {

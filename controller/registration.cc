@@ -1,5 +1,6 @@
 #include "controller/registration.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include "routing/chunking.h"
@@ -193,10 +194,32 @@ StatusOr<int32_t> CheckInferenceRegistration(const json& body, int32_t world) {
     return InvalidArgument("inference registration: rank " + std::to_string(rank) + " is outside 0.." +
                            std::to_string(world - 1) + " (the controller expects " +
                            std::to_string(world) + " inference ranks)");
-  if (!body.value("tensors", json()).is_array() || !body.value("regions", json()).is_array())
-    return InvalidArgument("inference rank " + std::to_string(rank) +
-                           ": 'tensors' and 'regions' must be arrays");
+  // Validate the rank alone as a one-rank world numbered 0, then put its
+  // real rank back into the message.
+  json alone = body;
+  alone["rank"] = 0;
+  const json doc = {{"schema", "wsync.inference/v1"}, {"ranks", json::array({alone})}};
+  StatusOr<InferenceSpec> spec = ParseInferenceSpec(doc, "inference registrations");
+  if (!spec.ok()) {
+    std::string msg = spec.status().message();
+    const std::string as_zero = "inference registrations: rank 0";
+    if (msg.compare(0, as_zero.size(), as_zero) == 0)
+      msg = "inference registrations: rank " + std::to_string(rank) + msg.substr(as_zero.size());
+    return InvalidArgument(msg);
+  }
   return static_cast<int32_t>(rank);
+}
+
+std::optional<Culprit> CulpritOf(const std::string& error) {
+  for (const bool trainer : {true, false}) {
+    const std::string prefix = trainer ? "trainer registrations: rank " : "inference registrations: rank ";
+    if (error.compare(0, prefix.size(), prefix) != 0) continue;
+    char* end = nullptr;
+    const long rank = std::strtol(error.c_str() + prefix.size(), &end, 10);
+    if (end == error.c_str() + prefix.size() || *end != ':') return std::nullopt;
+    return Culprit{trainer, static_cast<int32_t>(rank)};
+  }
+  return std::nullopt;
 }
 
 StatusOr<AssembledWorld> AssembleWorld(const std::map<int32_t, json>& trainer_ranks,

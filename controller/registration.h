@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -63,8 +64,19 @@ class TrainerRegistry {
   std::map<std::string, MeshFacts> meshes_;
 };
 
-// Checks an inference registration's rank and basic shape.
+// Checks an inference registration on its own with routing's strict loader
+// and validator (regions, overlaps, tp slices, fp8 scales are all per rank),
+// so a broken rank is refused on arrival, not blamed on whoever completes
+// the world. Returns the rank.
 StatusOr<int32_t> CheckInferenceRegistration(const nlohmann::json& body, int32_t world);
+
+// The rank a loader/planner error names ("trainer registrations: rank 3: ..."),
+// so the controller drops the registration at fault, not the last one.
+struct Culprit {
+  bool trainer = true;
+  int32_t rank = -1;
+};
+std::optional<Culprit> CulpritOf(const std::string& error);
 
 struct AssembledWorld {
   TrainerSpec trainer;

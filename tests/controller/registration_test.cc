@@ -137,6 +137,46 @@ TEST_F(ControllerTest, WorldThatDoesNotPlanRejectsTheLastRegistration) {
   EXPECT_EQ(Status()["phase"], "planned");
 }
 
+TEST_F(ControllerTest, BrokenRankFoundAtAssemblyIsDroppedNotTheLastOne) {
+  StartServer();
+  ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(0)).ok());
+  // A typo only the strict loader catches, and only on the whole world.
+  json typo = world_.TrainerBody(1);
+  typo["params"][0]["placement"] = typo["params"][0]["placements"];
+  ASSERT_TRUE(client_->RegisterTrainerJson(typo).ok());
+  ASSERT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(0)).ok());
+  // The last registration is fine: it is accepted, the typo rank dropped.
+  StatusOr<json> last = client_->RegisterInferenceJson(world_.InferenceBody(1));
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  json s = Status();
+  EXPECT_EQ(s["phase"], "assembling");
+  EXPECT_EQ(s["missing"]["trainer"], json({1}));
+  EXPECT_NE(s["assembly_error"].get<std::string>().find("rank 1"), std::string::npos) << s;
+
+  // The agent at fault hears it when it asks for its plan, at once.
+  StatusOr<json> plan = client_->FetchPlan(Role::kTrainer, 1, In(10));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("'placement'"), std::string::npos) << plan.status().message();
+
+  ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(1)).ok());
+  EXPECT_EQ(Status()["phase"], "planned");
+}
+
+TEST_F(ControllerTest, InferenceRankIsValidatedOnArrival) {
+  StartServer();
+  json bad = world_.InferenceBody(1);
+  for (json& t : bad["tensors"])
+    if (t["name"] == "model.norm.weight") t["dtype"] = "fp8_e4m3";
+  StatusOr<json> reply = client_->RegisterInferenceJson(bad);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(reply.status().message().find("inference registrations: rank 1: tensor 'model.norm.weight'"),
+            std::string::npos)
+      << reply.status().message();
+  EXPECT_EQ(Status()["registered"]["inference"], json::array());
+}
+
 TEST_F(ControllerTest, RankOutsideTheWorldIsRejected) {
   StartServer();
   json body = world_.TrainerBody(0);
