@@ -140,6 +140,7 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
                                     std::to_string(v) + " failed");
     line += ": failed: " + status.ToString();
   }
+  Log(line);  // before anyone can report it, so the log reads in order
   {
     std::lock_guard<std::mutex> lock(mu_);
     finished_[v] = out;
@@ -147,7 +148,6 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
     outcomes_.push_back(out);
   }
   cv_.notify_all();
-  Log(line);
 }
 
 std::vector<VersionOutcome> InferenceAgent::TakeOutcomes(std::chrono::milliseconds wait) {

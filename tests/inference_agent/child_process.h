@@ -75,6 +75,10 @@ class ChildProcess {
     }
   }
 
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+
   // Exit status, or -1 if still running after `timeout`.
   int Wait(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

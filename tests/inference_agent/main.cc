@@ -1,5 +1,5 @@
 // inference_agent_test: the gtest binary, and (argv[1] = writer | engine |
-// peek) the other processes its tests start (test_roles.h).
+// peek | agent) the other processes its tests start (test_roles.h).
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "writer") == 0) return WriterMain(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "engine") == 0) return EngineMain(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "peek") == 0) return PeekMain(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "agent") == 0) return AgentMain(argc, argv);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "inference_agent/agent_command.h"
 #include "inference_agent/descriptor_text.h"
 #include "inference_agent/engine_view.h"
 #include "transport/libfabric/libfabric_engine.h"
@@ -173,6 +174,25 @@ int PeekMain(int argc, char** argv) {
   }
   Reply("complete " + std::to_string(view->complete_version()) + " failed " + std::to_string(view->failed_version()));
   return 0;
+}
+
+int AgentMain(int argc, char** argv) {
+  InferenceAgentFlags flags;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+    if (key == "controller") flags.controller = value;
+    else if (key == "rank") flags.rank = std::stoi(value);
+    else if (key == "layout") flags.layout = value;
+    else if (key == "provider") flags.provider = value;
+    else if (key == "nics") flags.nics = static_cast<uint32_t>(std::stoul(value));
+    else if (key == "node") flags.node = value;
+    else if (key == "shm") flags.shm_name = value;
+    else if (key == "version_timeout") flags.version_timeout_s = std::stod(value);
+    else return 2;
+  }
+  return RunInferenceAgentCommand(flags);
 }
 
 }  // namespace wsync::inference::testing

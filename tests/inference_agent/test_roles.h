@@ -14,6 +14,9 @@
 //                                     is V, checks each named tensor against
 //                                     PatternByte; prints "ok" or what differs
 //   peek SHM                          prints "complete C failed F"
+//   agent KEY=VALUE ...               `wsync inference-agent` (agent_command.h)
+//                                     with flags controller= rank= layout=
+//                                     provider= nics= shm= version_timeout=
 #pragma once
 
 #include <cstdint>
@@ -35,5 +38,6 @@ inline uint8_t PatternByte(uint64_t seed, uint64_t v, uint64_t offset) {
 int WriterMain(int argc, char** argv);
 int EngineMain(int argc, char** argv);
 int PeekMain(int argc, char** argv);
+int AgentMain(int argc, char** argv);
 
 }  // namespace wsync::inference::testing

@@ -1,0 +1,44 @@
+// `wsync inference-agent`: flags only; the command itself is
+// inference_agent/agent_command.h (shared with the tests).
+#include <CLI/CLI.hpp>
+
+#include "inference_agent/agent_command.h"
+
+namespace wsync::cli {
+
+void AddInferenceAgentCommand(CLI::App& app) {
+  auto flags = std::make_shared<inference::InferenceAgentFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "inference-agent",
+      "Hold one inference rank's weights in shared memory, register them for RDMA writes, and mark each "
+      "version complete only once every write of it landed. Runs until SIGTERM/SIGINT; prints \"ready\" once "
+      "registered.");
+  cmd->add_option("--controller", flags->controller, "controller address HOST:PORT")->required();
+  cmd->add_option("--rank", flags->rank, "inference rank")->required();
+  auto* layout = cmd->add_option("--layout", flags->layout, "wsync.inference/v1 file; this rank's entry is used");
+  auto* cluster = cmd->add_option("--cluster", flags->cluster,
+                                  "cluster spec: generate the inference layout from the model (instead of --layout)");
+  layout->excludes(cluster);
+  cmd->add_option("--provider", flags->provider, "libfabric provider: shm, tcp;ofi_rxm, verbs;ofi_rxm, efa")
+      ->capture_default_str();
+  cmd->add_option("--nics", flags->nics, "NICs (endpoints) per rank; every trainer must use the same count")
+      ->capture_default_str();
+  cmd->add_option("--node", flags->node, "local address to bind (e.g. this host's IP for tcp)");
+  cmd->add_option("--job", flags->job, "job name for the default shared-memory name /wsync-<job>-infer-<rank>")
+      ->capture_default_str();
+  cmd->add_option("--shm-name", flags->shm_name, "shared-memory name of the weight store (overrides --job)");
+  cmd->add_flag("--attach", flags->attach, "map an existing weight store (same layout) instead of creating one");
+  cmd->add_flag("--keep-shm", flags->keep_shm, "leave the weight store in place at exit, for a later --attach");
+  cmd->add_option("--version-timeout", flags->version_timeout_s,
+                  "seconds one version may take before it is reported failed")
+      ->capture_default_str();
+  cmd->add_option("--plan-timeout", flags->plan_timeout_s,
+                  "seconds to wait for every rank to register (0: until stopped)")
+      ->capture_default_str();
+  cmd->callback([flags] {
+    const int rc = inference::RunInferenceAgentCommand(*flags);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace wsync::cli

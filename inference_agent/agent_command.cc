@@ -1,0 +1,135 @@
+#include "inference_agent/agent_command.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <thread>
+
+#include "controller/client.h"
+#include "inference_agent/agent.h"
+#include "inference_agent/agent_runner.h"
+#include "models/generate.h"
+#include "routing/spec_io.h"
+#include "transport/libfabric/libfabric_engine.h"
+
+namespace wsync::inference {
+namespace {
+
+void LogLine(const std::string& line) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::fprintf(stderr, "%s.%03lld inference-agent: %s\n", stamp, static_cast<long long>(ms), line.c_str());
+}
+
+// SIGTERM/SIGINT are blocked in every thread (the engine's threads inherit
+// the mask) and taken by one thread with sigwait, so no libfabric call is
+// ever interrupted and stopping is a plain flag.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+    thread_ = std::thread([this] {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || done_.load()) return;
+      LogLine(std::string("got ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
+      stop.store(true, std::memory_order_release);
+    });
+  }
+  ~StopOnSignal() {
+    if (!stop.load()) {
+      done_.store(true);
+      pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait; ignored via done_
+    }
+    thread_.join();
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+  std::atomic<bool> stop{false};
+
+ private:
+  sigset_t set_{}, old_{};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+StatusOr<InferenceRank> LoadInferenceRank(const InferenceAgentFlags& flags) {
+  if (flags.layout.empty() == flags.cluster.empty()) {
+    return InvalidArgument("give exactly one of --layout (wsync.inference/v1 file) and --cluster (cluster spec)");
+  }
+  InferenceSpec spec;
+  std::string source;
+  if (!flags.layout.empty()) {
+    WSYNC_ASSIGN_OR_RETURN(spec, ParseInferenceSpecFromFile(flags.layout));
+    source = flags.layout;
+  } else {
+    WSYNC_ASSIGN_OR_RETURN(GeneratedSpecs gen, GenerateFromClusterFile(flags.cluster));
+    spec = std::move(gen.inference);
+    source = flags.cluster;
+  }
+  for (InferenceRank& r : spec.ranks) {
+    if (r.rank == flags.rank) return std::move(r);
+  }
+  return NotFound(source + ": no inference rank " + std::to_string(flags.rank) + " (it has " +
+                  std::to_string(spec.ranks.size()) + " ranks)");
+}
+
+int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
+  auto fail = [](const Status& s) {
+    LogLine("error: " + s.message());
+    return 1;
+  };
+  StatusOr<InferenceRank> rank = LoadInferenceRank(flags);
+  if (!rank.ok()) return fail(rank.status());
+  StatusOr<controller::ControllerClient> client = controller::ControllerClient::FromAddress(flags.controller);
+  if (!client.ok()) return fail(client.status());
+
+  StopOnSignal signals;  // before any thread is started
+  const std::string shm_name = flags.shm_name.empty() ? WeightStoreName(flags.job, flags.rank) : flags.shm_name;
+  StatusOr<WeightStore> store =
+      flags.attach ? WeightStore::Attach(shm_name, *rank) : WeightStore::Create(shm_name, *rank);
+  if (!store.ok()) return fail(store.status());
+  if (flags.keep_shm) store->KeepName();
+  LogLine(std::string(flags.attach ? "attached to" : "created") + " weight store '" + shm_name + "' (complete_version " +
+          (store->complete_version() == kNoVersion ? std::string("none") : std::to_string(store->complete_version())) +
+          ")");
+
+  transport::fabric::LibfabricOptions options;
+  options.provider = flags.provider;
+  options.num_nics = flags.nics;
+  options.node = flags.node;
+  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(options);
+  if (!engine.ok()) return fail(engine.status());
+
+  InferenceAgentOptions agent_options;
+  agent_options.log = LogLine;
+  StatusOr<std::unique_ptr<InferenceAgent>> agent =
+      InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), std::move(rank).value(), agent_options);
+  if (!agent.ok()) return fail(agent.status());
+
+  AgentRunnerOptions run;
+  run.version_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.version_timeout_s * 1000));
+  run.plan_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.plan_timeout_s * 1000));
+  run.log = LogLine;
+  run.on_registered = [] { std::cout << "ready" << std::endl; };
+  Status s = RunInferenceAgent(**agent, *client, run, signals.stop);
+  if (!s.ok()) return fail(s);
+  LogLine("stopped");
+  return 0;
+}
+
+}  // namespace wsync::inference

@@ -1,0 +1,43 @@
+// `wsync inference-agent`: the process that holds one inference rank's
+// weights in shared memory and runs the InferenceAgent against the
+// controller until SIGTERM/SIGINT. The CLI file (cli/inference_agent_command.cc)
+// only declares the flags; everything else is here so tests run the same
+// code as a real process.
+//
+// Output: one line per event on stderr; "ready" on stdout (flushed) once
+// registered with the controller, so scripts can wait for it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "routing/metadata.h"
+
+namespace wsync::inference {
+
+struct InferenceAgentFlags {
+  std::string controller;        // HOST:PORT
+  int32_t rank = 0;
+  std::string layout;            // wsync.inference/v1 file, or
+  std::string cluster;           // cluster spec for the model generator
+  std::string provider = "shm";  // libfabric provider
+  uint32_t nics = 1;
+  std::string node;              // local address to bind ("" = provider default)
+  std::string job = "wsync";     // default shm name: /wsync-<job>-infer-<rank>
+  std::string shm_name;          // overrides the default name
+  bool attach = false;           // map an existing store instead of creating one
+  bool keep_shm = false;         // leave a created store's name at exit (to --attach later)
+  double version_timeout_s = 300;
+  double plan_timeout_s = 0;     // 0: wait for the world until stopped
+};
+
+// This rank's entry of the layout file or of the generated specs. One line
+// naming the file and the rank on error.
+StatusOr<InferenceRank> LoadInferenceRank(const InferenceAgentFlags& flags);
+
+// Runs the agent until SIGTERM/SIGINT; returns the process exit code
+// (0 after a signal, 1 with one line on stderr on error).
+int RunInferenceAgentCommand(const InferenceAgentFlags& flags);
+
+}  // namespace wsync::inference

@@ -1,0 +1,141 @@
+#include "inference_agent/agent_runner.h"
+
+#include <algorithm>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace wsync::inference {
+namespace {
+
+using std::chrono::milliseconds;
+
+class Runner {
+ public:
+  Runner(InferenceAgent& agent, controller::ControllerClient& client, const AgentRunnerOptions& options,
+         const std::atomic<bool>& stop)
+      : agent_(agent), client_(client), options_(options), stop_(stop),
+        where_("inference rank " + std::to_string(agent.rank().rank)) {}
+
+  Status Run() {
+    StatusOr<nlohmann::json> reply = client_.RegisterInference(agent_.rank());
+    if (!reply.ok()) return reply.status().WithContext(where_ + ": registering with " + client_.address());
+    Log("registered with " + client_.address() + " (" + std::to_string(reply->value("registered", 0)) + " of " +
+        std::to_string(reply->value("world", 0)) + " ranks registered, phase " + reply->value("phase", "") + ")");
+    if (options_.on_registered) options_.on_registered();
+    WSYNC_RETURN_IF_ERROR(FetchPlan());
+    while (!stopped()) {
+      PollVersions();
+      // Also the pause between polls: returns early when an outcome arrives.
+      for (const VersionOutcome& out : agent_.TakeOutcomes(options_.poll_interval)) Report(out);
+    }
+    // Outcomes that came while stopping (e.g. ABORTED ones come later, from
+    // the engine's teardown, and are not reported: the agent is going away).
+    for (const VersionOutcome& out : agent_.TakeOutcomes(milliseconds(0))) Report(out);
+    return Status::Ok();
+  }
+
+ private:
+  bool stopped() const { return stop_.load(std::memory_order_acquire); }
+
+  Status FetchPlan() {
+    const Clock::time_point give_up = options_.plan_timeout.count() > 0 ? Clock::now() + options_.plan_timeout
+                                                                        : Clock::time_point::max();
+    Clock::time_point next_note = Clock::now() + std::chrono::seconds(10);
+    while (!stopped()) {
+      // Short polls, so a stop request is noticed within a second.
+      const Clock::time_point deadline = std::min(give_up, Clock::now() + std::chrono::seconds(1));
+      StatusOr<controller::InferencePlanSlice> slice = client_.FetchInferencePlan(agent_.rank().rank, deadline);
+      if (slice.ok()) {
+        if (slice->expected_writes != slice->plan.write_bytes.size()) {
+          return Internal(where_ + ": plan " + slice->plan_id + " says " + std::to_string(slice->expected_writes) +
+                          " writes but lists " + std::to_string(slice->plan.write_bytes.size()));
+        }
+        Log("plan " + slice->plan_id + ": " + std::to_string(slice->expected_writes) + " writes, " +
+            std::to_string(slice->expected_bytes) + " bytes per version");
+        return agent_.SetPlan(slice->plan);
+      }
+      if (slice.status().code() != StatusCode::kDeadlineExceeded) {
+        return slice.status().WithContext(where_ + ": fetching the plan");
+      }
+      if (Clock::now() >= give_up) return slice.status().WithContext(where_ + ": no plan in time");
+      if (Clock::now() >= next_note) {
+        Log("waiting for the plan: " + slice.status().message());
+        next_note = Clock::now() + std::chrono::seconds(10);
+      }
+    }
+    return Status::Ok();
+  }
+
+  void PollVersions() {
+    StatusOr<nlohmann::json> status = client_.GetStatus();
+    if (!status.ok()) {
+      // The controller may be restarting; versions it started meanwhile
+      // are picked up on the next successful poll.
+      if (!controller_down_) Log("controller unreachable, retrying: " + status.status().message());
+      controller_down_ = true;
+      return;
+    }
+    if (controller_down_) Log("controller reachable again");
+    controller_down_ = false;
+    const uint64_t complete = agent_.store().complete_version();
+    for (const nlohmann::json& vj : status->value("versions", nlohmann::json::array())) {
+      StatusOr<controller::VersionStatus> v = controller::ParseVersionStatus(vj);
+      if (!v.ok() || agent_.begun(v->version) || ignored_.count(v->version) != 0) continue;
+      if (complete != kNoVersion && v->version <= complete) continue;  // landed here before a restart
+      if (v->finished()) {
+        // Failed before this rank heard of it: nothing to wait for.
+        Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller; not expecting it");
+        ignored_.insert(v->version);
+        if (ignored_.size() > 1024) ignored_.erase(ignored_.begin());
+        continue;
+      }
+      milliseconds budget = options_.version_timeout;
+      if (vj.contains("deadline_in_s") && vj["deadline_in_s"].is_number()) {
+        const auto left = milliseconds(static_cast<int64_t>(std::max(0.0, vj["deadline_in_s"].get<double>()) * 1000));
+        budget = std::min(budget, left);
+      }
+      Status s = agent_.BeginVersion(v->version, Clock::now() + budget);
+      if (!s.ok()) Log("version " + std::to_string(v->version) + ": " + s.ToString());
+    }
+  }
+
+  void Report(const VersionOutcome& out) {
+    // A controller that is briefly away should still hear the outcome.
+    for (int attempt = 0;; ++attempt) {
+      StatusOr<controller::VersionStatus> reply =
+          client_.ReportInferenceDone(out.version, agent_.rank().rank, out.status);
+      if (reply.ok()) {
+        Log("reported version " + std::to_string(out.version) + " " + (out.status.ok() ? "done" : "failed") +
+            "; controller says " + reply->state);
+        return;
+      }
+      const bool retry = reply.status().code() == StatusCode::kUnavailable && attempt < 3 && !stopped();
+      Log("reporting version " + std::to_string(out.version) + " failed" + (retry ? " (retrying)" : "") + ": " +
+          reply.status().message());
+      if (!retry) return;
+      std::this_thread::sleep_for(milliseconds(500));
+    }
+  }
+
+  void Log(const std::string& line) const {
+    if (options_.log) options_.log(where_ + ": " + line);
+  }
+
+  InferenceAgent& agent_;
+  controller::ControllerClient& client_;
+  const AgentRunnerOptions& options_;
+  const std::atomic<bool>& stop_;
+  const std::string where_;
+  bool controller_down_ = false;
+  std::set<uint64_t> ignored_;
+};
+
+}  // namespace
+
+Status RunInferenceAgent(InferenceAgent& agent, controller::ControllerClient& client,
+                         const AgentRunnerOptions& options, const std::atomic<bool>& stop) {
+  return Runner(agent, client, options, stop).Run();
+}
+
+}  // namespace wsync::inference

@@ -1,0 +1,43 @@
+// Drives an InferenceAgent against the controller (docs/CONTROL_PLANE.md):
+// registers the rank's layout with its transport descriptors, waits for the
+// plan, then until stopped: notices every version the trainers started
+// (GET /v1/status), makes the agent expect it, and reports each outcome
+// (POST /v1/versions/<v>/inference_done, ok or the failure's one line).
+//
+// Called by `wsync inference-agent` (agent_command.h) and tests. Runs on
+// the caller's thread; the controller is only ever called from it, never
+// from the transport's callback thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "common/status.h"
+#include "controller/client.h"
+#include "inference_agent/agent.h"
+
+namespace wsync::inference {
+
+struct AgentRunnerOptions {
+  // Upper bound on how long one version may take on this rank; the
+  // controller's own deadline for the version applies when it is sooner.
+  std::chrono::milliseconds version_timeout{300000};
+  // How long to wait for the rest of the world to register (0: until stopped).
+  std::chrono::milliseconds plan_timeout{0};
+  // How often the controller is asked for newly started versions. Latency
+  // here costs nothing on the data path: arrivals before Expect count.
+  std::chrono::milliseconds poll_interval{50};
+  std::function<void(const std::string&)> log;
+  // Called once registration succeeded (the CLI prints "ready").
+  std::function<void()> on_registered;
+};
+
+// Returns OK when `stop` became true, or the first error that ends the
+// agent (registration refused, plan not for this layout, no plan in time).
+// A controller that is briefly unreachable after the plan is only logged.
+Status RunInferenceAgent(InferenceAgent& agent, controller::ControllerClient& client,
+                         const AgentRunnerOptions& options, const std::atomic<bool>& stop);
+
+}  // namespace wsync::inference
