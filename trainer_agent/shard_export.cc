@@ -214,6 +214,10 @@ uint64_t ShardView::published_version() const {
   return header()->published_version.load(std::memory_order_acquire);
 }
 
+uint64_t ShardView::reads_done_version() const {
+  return header()->reads_done_version.load(std::memory_order_acquire);
+}
+
 StatusOr<uint64_t> ShardView::WaitPublished(uint64_t after, std::chrono::milliseconds timeout) const {
   uint64_t v = 0;
   if (!PollUntil([&] { return (v = published_version()) > after; }, timeout)) {

@@ -139,6 +139,7 @@ class ShardView : public ShardSource {
   void ReadsDone(uint64_t version) override { MarkReadsDone(version); }
 
   uint64_t published_version() const;
+  uint64_t reads_done_version() const;
   // Blocks until published_version() > `after`, returns it; DeadlineExceeded
   // after `timeout`.
   StatusOr<uint64_t> WaitPublished(uint64_t after, std::chrono::milliseconds timeout) const;

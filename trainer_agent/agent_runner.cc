@@ -1,0 +1,146 @@
+#include "trainer_agent/agent_runner.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "pipeline/http_store.h"
+#include "trainer_agent/shard_export.h"
+
+namespace wsync::trainer_agent {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr milliseconds kSlice(200);  // how often waits look at `stop`
+
+void Log(const TrainerAgentOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+// Deadline of a wait bounded by `timeout` (0: none).
+Clock::time_point DeadlineAfter(milliseconds timeout) {
+  return timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
+}
+
+StatusOr<controller::TrainerPlanSlice> FetchPlan(controller::ControllerClient& client, int32_t rank,
+                                                 const TrainerAgentOptions& o, const std::atomic<bool>& stop) {
+  const Clock::time_point deadline = DeadlineAfter(o.plan_timeout);
+  while (true) {
+    const Clock::time_point slice = std::min(deadline, Clock::now() + milliseconds(2000));
+    StatusOr<controller::TrainerPlanSlice> plan = client.FetchTrainerPlan(rank, slice);
+    if (plan.ok() || plan.status().code() != StatusCode::kDeadlineExceeded || Clock::now() >= deadline) return plan;
+    if (stop.load(std::memory_order_acquire)) return Aborted("stopped while waiting for the plan");
+  }
+}
+
+StatusOr<std::unique_ptr<ShardView>> OpenShards(const std::string& name, const TrainerRank& rank,
+                                                const TrainerAgentOptions& o, const std::atomic<bool>& stop) {
+  const Clock::time_point deadline = DeadlineAfter(o.shm_timeout);
+  bool told = false;
+  while (true) {
+    StatusOr<std::unique_ptr<ShardView>> view = ShardView::Open(name, rank);
+    // A layout mismatch will not fix itself; a missing or half-made region will.
+    if (view.ok() || view.status().message().find("layout hash") != std::string::npos ||
+        view.status().message().find("exported by trainer rank") != std::string::npos) {
+      return view;
+    }
+    if (Clock::now() >= deadline) {
+      return view.status().WithContext("waiting for the trainer to export its shards as '" + name + "'");
+    }
+    if (stop.load(std::memory_order_acquire)) return Aborted("stopped while waiting for the shard export");
+    if (!told) {
+      Log(o, "waiting for the trainer to export its shards as '" + name + "' (" + view.status().message() + ")");
+      told = true;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
+}  // namespace
+
+Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups,
+                       const std::string& shm_name, transport::Engine& engine,
+                       controller::ControllerClient& client, const TrainerAgentOptions& options,
+                       const std::atomic<bool>& stop) {
+  const std::string me = "trainer rank " + std::to_string(rank.rank);
+  StatusOr<nlohmann::json> reg = client.RegisterTrainer(rank, mesh_groups);
+  if (!reg.ok()) return reg.status().WithContext(me + ": registering with controller " + client.address());
+  Log(options, "registered " + me + " with controller " + client.address() + " (" +
+                   std::to_string(reg->value("registered", 0)) + " of " + std::to_string(reg->value("world", 0)) +
+                   " registered, phase " + reg->value("phase", std::string("?")) + ")");
+  if (options.on_registered) options.on_registered();
+
+  StatusOr<controller::TrainerPlanSlice> slice = FetchPlan(client, rank.rank, options, stop);
+  if (!slice.ok()) {
+    if (slice.status().code() == StatusCode::kAborted) return Status::Ok();
+    return slice.status().WithContext(me + ": fetching the plan");
+  }
+  if (slice->plan.rank != rank.rank) {
+    return Internal(me + ": the controller answered with the plan of rank " + std::to_string(slice->plan.rank));
+  }
+  size_t sources = 0;
+  for (const RankMeshGroup& g : slice->plan.groups) sources += g.sources.size();
+  Log(options, "plan " + slice->plan_id + ": " + std::to_string(slice->plan.groups.size()) + " mesh groups, " +
+                   std::to_string(sources) + " sources, " + std::to_string(slice->plan.writes) + " writes, " +
+                   std::to_string(slice->plan.write_bytes) + " bytes per version");
+
+  StatusOr<std::unique_ptr<ShardView>> view = OpenShards(shm_name, rank, options, stop);
+  if (!view.ok()) {
+    if (view.status().code() == StatusCode::kAborted) return Status::Ok();
+    return view.status().WithContext(me);
+  }
+
+  std::unique_ptr<RendezvousStore> store = MakeHttpRendezvousStore(client);
+  ExecutorOptions exec_options = options.executor;
+  exec_options.rendezvous_prefix += "/" + slice->plan_id;
+  StatusOr<std::unique_ptr<PlanExecutor>> executor =
+      PlanExecutor::Create(std::move(slice->plan), &engine, store.get(), exec_options);
+  if (!executor.ok()) return executor.status();
+  Log(options, "ready: temporary memory " + std::to_string((*executor)->arena_bytes()) + " bytes (watermark " +
+                   std::to_string(exec_options.watermark_bytes) + ", largest source needs " +
+                   std::to_string((*executor)->max_source_need()) + ")");
+
+  // Versions a previous agent of this rank already read are not run again.
+  uint64_t last = (*view)->reads_done_version();
+  while (!stop.load(std::memory_order_acquire)) {
+    StatusOr<uint64_t> published = (*view)->WaitPublished(last, kSlice);
+    if (!published.ok()) continue;  // nothing new yet; look at `stop` again
+    const uint64_t v = *published;
+    last = v;
+    StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank.rank);
+    if (!started.ok() && started.status().code() == StatusCode::kFailedPrecondition) {
+      // Already finished. Failed (e.g. this agent restarted mid-version): the
+      // peers have given it up, so running it would only wait for a Gloo
+      // timeout. Complete (a rank with no writes can be late): the peers may
+      // still wait in its barriers, so take part.
+      StatusOr<controller::VersionStatus> state = client.GetVersion(v);
+      if (!state.ok() || !state->complete()) {
+        Log(options, "version " + std::to_string(v) + " skipped: " + started.status().message());
+        (*view)->MarkFailed(v);
+        if (options.on_version) options.on_version(v, started.status());
+        continue;
+      }
+    }
+    if (!started.ok() && started.status().code() != StatusCode::kFailedPrecondition) Log(options, "warning: could not start version " + std::to_string(v) + " at the controller: " +
+                                        started.status().message() + "; running it anyway");
+
+    StatusOr<VersionReport> result = (*executor)->Run(v, **view);
+    if (result.ok()) {
+      Log(options, result->Summary());
+    } else {
+      (*view)->MarkFailed(v);
+      Log(options, "version " + std::to_string(v) + " failed: " + result.status().message());
+    }
+    StatusOr<controller::VersionStatus> reported =
+        client.ReportTrainerDone(v, rank.rank, result.ok() ? Status::Ok() : result.status());
+    if (!reported.ok()) {
+      Log(options, "warning: could not report version " + std::to_string(v) + " to the controller: " +
+                       reported.status().message());
+    }
+    if (options.on_version) options.on_version(v, result);
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync::trainer_agent

@@ -1,0 +1,54 @@
+// Drives one trainer rank's PlanExecutor against the controller
+// (docs/CONTROL_PLANE.md) and the trainer's shard export:
+//   register the rank's shard metadata -> fetch its TrainerRankPlan ->
+//   open the trainer's shared memory -> until stopped: wait for the trainer
+//   to publish a new version, start it at the controller, run the executor,
+//   report trainer_done (ok, or the failure's one line).
+// A failed version is also marked failed in the shard export, which releases
+// the trainer (it may modify its weights; the version will never complete).
+//
+// Called by `wsync trainer-agent` (agent_command.h) and tests. Runs on the
+// caller's thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/client.h"
+#include "pipeline/executor.h"
+#include "routing/metadata.h"
+#include "transport/engine.h"
+
+namespace wsync::trainer_agent {
+
+struct TrainerAgentOptions {
+  // Watermark, Gloo address and timeout. rendezvous_prefix is extended with
+  // the plan id, so a new plan (or a restarted controller) never meets stale
+  // addresses.
+  ExecutorOptions executor;
+  // How long to wait for the rest of the world to register (0: until stopped).
+  std::chrono::milliseconds plan_timeout{0};
+  // How long to wait for the trainer to create its shard export (0: until
+  // stopped): the sidecar may start first.
+  std::chrono::milliseconds shm_timeout{0};
+  std::function<void(const std::string&)> log;
+  // Called once registration succeeded (the CLI prints "ready").
+  std::function<void()> on_registered;
+  // Called after every version this rank finished (ok or not), with its
+  // report when ok (tests, metrics).
+  std::function<void(uint64_t version, const StatusOr<VersionReport>& result)> on_version;
+};
+
+// Returns OK when `stop` became true, or the first error that ends the
+// agent (registration refused, no plan in time, a plan this rank cannot run,
+// a shard export that does not match the rank's metadata).
+Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups,
+                       const std::string& shm_name, transport::Engine& engine,
+                       controller::ControllerClient& client, const TrainerAgentOptions& options,
+                       const std::atomic<bool>& stop);
+
+}  // namespace wsync::trainer_agent
