@@ -1,0 +1,191 @@
+// PlanExecutor::Create's half: resolving a TrainerRankPlan into per-source
+// work (boxes checked, peers imported, temporary memory sized) before
+// anything runs.
+#include <algorithm>
+
+#include "pipeline/box_pack.h"
+#include "pipeline/executor_impl.h"
+
+namespace wsync {
+
+using namespace executor_detail;  // NOLINT: this file's own private helpers
+
+Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
+                                         std::map<std::pair<int32_t, std::string>, size_t>* regions) {
+  SourceWork sw;
+  sw.mesh_group = g;
+  sw.src = &src;
+  const std::string where = Where(sw);
+  const int n = static_cast<int>(src.global_shape.size());
+  if (n < 1 || n > kMaxDims || src.local.ndim != n || src.held.ndim != n) {
+    return InvalidArgument(where + ": plan boxes do not match its " + std::to_string(n) + "-d global shape");
+  }
+  const int64_t esize = DTypeSize(src.dtype);
+  sw.held_shape.assign(src.held.size.begin(), src.held.size.begin() + n);
+  sw.local_bytes = Elements(src.local) * esize;
+  sw.held_bytes = Elements(src.held) * esize;
+  if (!BoxWithin(src.local, src.held)) {
+    return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not inside the held box " +
+                           BoxStr(src.held));
+  }
+
+  const bool gathers = src.gather_dim >= 0 && src.gather_ranks.size() > 1;
+  if (gathers) {
+    const int gd = src.gather_dim;
+    auto me = std::find(src.gather_ranks.begin(), src.gather_ranks.end(), plan->rank);
+    if (gd >= n || me == src.gather_ranks.end()) {
+      return InvalidArgument(where + ": gather dim " + std::to_string(gd) + " / ranks do not include rank " +
+                             std::to_string(plan->rank));
+    }
+    const int index = static_cast<int>(me - src.gather_ranks.begin());
+    const int size = static_cast<int>(src.gather_ranks.size());
+    // GlooGroup::AllGatherShards gathers torch.chunk pieces of the held box.
+    const ChunkRange chunk = TorchChunk(src.held.size[gd], size, index);
+    for (int d = 0; d < n; ++d) {
+      const bool ok = d == gd ? (src.local.offset[d] == src.held.offset[d] + chunk.begin || chunk.size == 0) &&
+                                    src.local.size[d] == chunk.size
+                              : src.local.offset[d] == src.held.offset[d] && src.local.size[d] == src.held.size[d];
+      if (!ok) {
+        return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not piece " +
+                               std::to_string(index) + " of " + std::to_string(size) + " of the held box " +
+                               BoxStr(src.held) + " along dim " + std::to_string(gd));
+      }
+    }
+    int64_t outer = 1, inner = esize;
+    for (int d = 0; d < n; ++d) {
+      if (d < gd) outer *= src.held.size[d];
+      if (d > gd) inner *= src.held.size[d];
+    }
+    // Gather in place where the piece already sits in the full tensor.
+    sw.local_at = outer == 1 ? static_cast<uint64_t>(chunk.begin * inner) : 0;
+    auto found = std::find(gather_sets.begin(), gather_sets.end(), src.gather_ranks);
+    sw.gather_group = static_cast<int>(found - gather_sets.begin());
+    if (found == gather_sets.end()) gather_sets.push_back(src.gather_ranks);
+    // Gloo stages a gather along an inner dim in a buffer of its own; count it.
+    sw.transient_bytes = AlignTemp(sw.held_bytes) + (outer > 1 ? AlignTemp(sw.held_bytes) : 0);
+  } else {
+    if (src.local != src.held) {
+      return InvalidArgument(where + ": holds " + BoxStr(src.held) + " after unshard but has no all-gather for its " +
+                             "local shard " + BoxStr(src.local));
+    }
+    sw.transient_bytes = AlignTemp(sw.held_bytes);
+  }
+
+  for (const RankWrite& w : src.writes) {
+    if (w.kind == WriteKind::kScale || w.dst_dtype == DType::kFP8E4M3) sw.quantize = true;
+  }
+  Box grid;
+  if (sw.quantize) {
+    if (src.dtype != DType::kBF16 || n < 2) {
+      return InvalidArgument(where + ": fp8 destinations need a bf16 source of at least 2 dims (got " +
+                             std::string(DTypeName(src.dtype)) + ", " + std::to_string(n) + "-d)");
+    }
+    if (src.block_rows != 128 || src.block_cols != 128) {
+      return InvalidArgument(where + ": fp8 block " + std::to_string(src.block_rows) + "x" +
+                             std::to_string(src.block_cols) + " is not supported (128x128 only)");
+    }
+    if (src.held.offset[n - 1] != 0 || src.held.offset[n - 2] != 0 || src.held.size[n - 1] != src.global_shape[n - 1] ||
+        src.held.size[n - 2] != src.global_shape[n - 2]) {
+      return InvalidArgument(where + ": fp8 blocks need the whole last two dims, but the rank holds " +
+                             BoxStr(src.held));
+    }
+    grid = HeldScaleGrid(src.held);
+    sw.q_at = sw.transient_bytes;
+    sw.transient_bytes += AlignTemp(Elements(src.held));
+    sw.scale_at = sw.transient_bytes;
+    sw.transient_bytes += AlignTemp(Elements(grid) * sizeof(float));
+  }
+
+  uint64_t at = sw.transient_bytes;
+  for (const RankWrite& w : src.writes) {
+    const std::string wwhere = WriteWhere(sw, w);
+    const bool scale = w.kind == WriteKind::kScale;
+    if (w.src_box.ndim != n || !BoxWithin(w.src_box, scale ? grid : src.held)) {
+      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is outside what the rank holds (" +
+                             BoxStr(scale ? grid : src.held) + (scale ? " in the block grid)" : ")"));
+    }
+    if (scale && w.dst_dtype != DType::kFP32) {
+      return InvalidArgument(wwhere + ": scales are fp32, the plan says " + std::string(DTypeName(w.dst_dtype)));
+    }
+    if (!scale && w.dst_dtype != DType::kFP8E4M3 && !CanCast(src.dtype, w.dst_dtype)) {
+      return InvalidArgument(wwhere + ": cannot convert " + std::string(DTypeName(src.dtype)) + " to " +
+                             std::string(DTypeName(w.dst_dtype)));
+    }
+    const uint64_t want = Elements(w.src_box) * DTypeSize(w.dst_dtype);
+    if (w.bytes != want) {
+      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is " + std::to_string(want) +
+                             " bytes of " + std::string(DTypeName(w.dst_dtype)) + ", the plan says " +
+                             std::to_string(w.bytes));
+    }
+    auto key = std::make_pair(w.dst_rank, w.region);
+    auto it = regions->find(key);
+    if (it == regions->end()) {
+      const InferencePeer* peer = nullptr;
+      for (const InferencePeer& p : plan->peers) {
+        if (p.rank == w.dst_rank) peer = &p;
+      }
+      if (peer == nullptr) return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " is not in the plan's peers");
+      auto d = peer->region_descriptors.find(w.region);
+      if (d == peer->region_descriptors.end() || d->second.empty()) {
+        return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " has no transport descriptor for region '" +
+                        w.region + "' (has its inference agent registered memory?)");
+      }
+      StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(d->second);
+      if (!desc.ok()) return desc.status().WithContext(wwhere);
+      StatusOr<transport::RemoteMemory> remote = engine->Import(*desc);
+      if (!remote.ok()) return remote.status().WithContext(wwhere);
+      it = regions->emplace(key, remotes.size()).first;
+      remotes.push_back(*remote);
+    }
+    const transport::RemoteMemory& remote = remotes[it->second];
+    if (w.region_offset + w.bytes > remote.length) {
+      return OutOfRange(wwhere + ": ends at byte " + std::to_string(w.region_offset + w.bytes) + " of a " +
+                        std::to_string(remote.length) + "-byte region");
+    }
+    WriteWork ww;
+    ww.write = &w;
+    ww.remote = it->second;
+    ww.staging_at = at;
+    ww.staging_bytes = AlignTemp(std::max<uint64_t>(w.bytes, 1));
+    at += ww.staging_bytes;
+    sw.writes.push_back(ww);
+  }
+  sw.need = at;
+  if (sw.need > options.watermark_bytes) {
+    return InvalidArgument(where + " needs " + std::to_string(sw.need) + " bytes of temporary memory (gathered " +
+                           std::to_string(sw.held_bytes) + ", staging " + std::to_string(sw.need - sw.transient_bytes) +
+                           "), above the watermark of " + std::to_string(options.watermark_bytes) +
+                           " bytes; raise the watermark to at least " + std::to_string(sw.need));
+  }
+  work.push_back(std::move(sw));
+  return Status::Ok();
+}
+
+Status PlanExecutor::Impl::Resolve() {
+  if (plan->rank < 0) return InvalidArgument("trainer plan: rank is not set");
+  std::map<std::pair<int32_t, std::string>, size_t> regions;
+  for (size_t g = 0; g < plan->groups.size(); ++g) {
+    const RankMeshGroup& group = plan->groups[g];
+    if (std::find(group.ranks.begin(), group.ranks.end(), plan->rank) == group.ranks.end()) {
+      return InvalidArgument("trainer rank " + std::to_string(plan->rank) + ": mesh group '" + group.name +
+                             "' does not list this rank");
+    }
+    const size_t begin = work.size();
+    for (const RankSource& src : group.sources) WSYNC_RETURN_IF_ERROR(ResolveSource(g, src, &regions));
+    group_work.emplace_back(begin, work.size());
+  }
+  uint64_t staging = 0, largest = 0;
+  for (const SourceWork& sw : work) {
+    staging += sw.need - sw.transient_bytes;
+    largest = std::max(largest, sw.need);
+  }
+  // Room for every write of the version in flight plus two sources' worth, so
+  // fragmentation rarely makes a source wait when the watermark would not.
+  const uint64_t capacity = std::min(options.watermark_bytes, staging + 2 * largest);
+  if (capacity > 0) {
+    WSYNC_ASSIGN_OR_RETURN(arena, TempArena::Create(capacity, engine));
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsync
