@@ -113,8 +113,10 @@ struct SingleWrite {
 };
 
 // Page i of a paged write goes from src.offset + src.indices[i] * src.stride
-// to dst.offset + dst.indices[i] * dst.stride, page_length bytes. With an
-// immediate, every page carries it: the receiver expects indices.size().
+// to dst.offset + dst.indices[i] * dst.stride, page_length bytes. Pages are
+// spread over the NICs and, where the provider takes several iovecs per
+// write, gathered a few per operation. With an immediate every operation
+// carries it: the receiver expects Engine::ArrivalsPerPagedWrite(pages).
 struct PageSet {
   std::vector<uint32_t> indices;
   uint64_t stride = 0;
@@ -175,6 +177,8 @@ class Engine {
   // produces at the receiver. Same value on every engine built with the
   // same NIC count and split threshold.
   virtual uint32_t ArrivalsPerWrite(uint64_t length) const = 0;
+  // Likewise for a PagedWrite of `pages` pages.
+  virtual uint32_t ArrivalsPerPagedWrite(uint32_t pages) const = 0;
 
   virtual Status Write(SingleWrite request, Callback done) = 0;
   virtual Status WritePaged(PagedWrite request, Callback done) = 0;

@@ -40,7 +40,7 @@ TEST_P(EngineTest, PagedWritesWithStridesLandWherePageIndicesSay) {
   constexpr uint32_t kPages = 48;
   constexpr uint64_t kSrcOffset = 512, kDstOffset = 1000;
   const uint64_t target_bytes = kDstOffset + kPages * kDstStride;
-  StartTarget("t", target_bytes, 3, kPages);
+  StartTarget("t", target_bytes, 3, engine_->ArrivalsPerPagedWrite(kPages));
   RemoteMemory dst = Import("t");
   std::vector<uint8_t> src = RandomBytes(12, kSrcOffset + kPages * kSrcStride);
   auto region = RegisterOrDie(src);
@@ -144,7 +144,7 @@ TEST_P(EngineTest, SplitWriteAcrossTwoNicsLandsAndCountsPerPiece) {
   EXPECT_EQ(pieces, 2u);
   EXPECT_EQ(engine_->ArrivalsPerWrite(4096), 1u);
   constexpr uint32_t kPages = 16, kPage = 16 << 10;
-  StartTarget("t", kBytes + kPages * kPage, 8, pieces + kPages);
+  StartTarget("t", kBytes + kPages * kPage, 8, pieces + engine_->ArrivalsPerPagedWrite(kPages));
   RemoteMemory dst = Import("t");
   std::vector<uint8_t> src = RandomBytes(15, kBytes);
   auto region = RegisterOrDie(src);

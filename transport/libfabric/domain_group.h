@@ -63,6 +63,7 @@ class DomainGroup {
   bool virtual_addressing() const { return virtual_addressing_; }
   const std::string& pinned_where() const { return pinned_where_; }
   uint32_t num_peers() const { return num_peers_.load(std::memory_order_acquire); }
+  uint32_t ArrivalsPerPagedWrite(uint32_t pages) const { return (pages + pages_per_op_ - 1) / pages_per_op_; }
   uint32_t ArrivalsPerWrite(uint64_t length) const {
     return (options_.num_nics > 1 && length >= options_.split_threshold) ? options_.num_nics : 1;
   }
@@ -78,10 +79,13 @@ class DomainGroup {
   Status Open();
   void Main(std::promise<Status>* started);
   void Accept(Request* r);
-  void PostPending();
+  // Returns true if it posted anything.
+  bool PostPending();
   // 1: posted, 0: must wait (EAGAIN or NIC full), -1: failed (r->status set).
   int PostOne(Request* r);
-  void Poll(uint32_t n);
+  int PostPages(Request* r, uint32_t nic, size_t first, size_t count);
+  // Returns the number of CQ entries handled.
+  long Poll(uint32_t n);
   void OnLocalCompletion(Request* r, uint32_t nic, const Status& error);
   void OnRecv(uint32_t slot, size_t len);
   void MaybeFinish(Request* r);
@@ -101,6 +105,7 @@ class DomainGroup {
   std::atomic<uint32_t> num_peers_{0};
   PeerAddress address_;
   bool virtual_addressing_ = true;
+  uint32_t pages_per_op_ = 1;
   std::string pinned_where_;
   std::thread thread_;
 
@@ -112,6 +117,7 @@ class DomainGroup {
   std::vector<std::array<fi_addr_t, kMaxNics>> peers_;
   std::unordered_map<std::string, PeerId> peer_ids_;  // key: NIC 0 address
   std::array<uint32_t, kMaxNics> inflight_{};
+  std::array<uint64_t, kMaxNics> inflight_bytes_{};
   ImmCounter imm_counter_;
   std::vector<ImmCounter::Expired> expired_;
   std::deque<std::string> received_;
@@ -120,6 +126,7 @@ class DomainGroup {
   Request* pending_tail_ = nullptr;
   Request* active_head_ = nullptr;
   uint32_t next_nic_ = 0;
+  uint32_t fruitless_ = 0;  // loop turns in a row that found no work
   uint64_t next_key_ = 1;
 };
 

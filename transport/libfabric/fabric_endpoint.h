@@ -28,6 +28,21 @@ class FabricEndpoint {
       return fi_writedata(ep_.get(), buf, len, desc, imm, dest, remote_addr, key, context);
     return fi_write(ep_.get(), buf, len, desc, dest, remote_addr, key, context);
   }
+  // Several (local, remote) pieces in one operation (paged writes): one
+  // provider call, one completion, one arrival of the immediate.
+  ssize_t PostWriteV(const iovec* iov, void** desc, const fi_rma_iov* rma_iov, size_t count, fi_addr_t dest,
+                     bool has_imm, uint32_t imm, void* context) {
+    fi_msg_rma msg{};
+    msg.msg_iov = iov;
+    msg.desc = desc;
+    msg.iov_count = count;
+    msg.addr = dest;
+    msg.rma_iov = rma_iov;
+    msg.rma_iov_count = count;
+    msg.context = context;
+    msg.data = imm;
+    return fi_writemsg(ep_.get(), &msg, has_imm ? FI_REMOTE_CQ_DATA : 0);
+  }
   ssize_t PostSend(const void* buf, size_t len, void* desc, fi_addr_t dest, void* context) {
     return fi_send(ep_.get(), buf, len, desc, dest, context);
   }

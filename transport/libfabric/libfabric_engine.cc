@@ -22,6 +22,7 @@ class LibfabricEngine final : public Engine {
   uint32_t num_nics() const override { return group_->num_nics(); }
   const PeerAddress& local_address() const override { return group_->address(); }
   uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
+  uint32_t ArrivalsPerPagedWrite(uint32_t pages) const override { return group_->ArrivalsPerPagedWrite(pages); }
 
   StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length, MemoryKind kind,
                                                    int device) override {

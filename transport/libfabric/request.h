@@ -51,6 +51,7 @@ struct Request : Notice {
   uint32_t posted_ops = 0;
   uint32_t completed_ops = 0;
   uint32_t send_slot = UINT32_MAX;
+  uint64_t op_charge = 0;  // bytes each op counts against the in-flight cap
   uint32_t base_nic = 0;  // first NIC used; ops go round-robin from it
   bool finished = false;  // callback already handed off (timeout/error)
   Clock::time_point deadline;
