@@ -88,8 +88,10 @@ transport::fabric::LibfabricOptions EngineOptions(const BenchOptions& o) {
 // for EOF on `in`. Runs in the forked child; exits without returning.
 [[noreturn]] void RunReceiver(const BenchOptions& o, int in, int out) {
   auto options = EngineOptions(o);
-  // shm's target copies (CMA) or consumes inline data itself: it must poll.
-  options.idle_after = std::chrono::microseconds(0);
+  // Writes with immediates, and every write on tcp;ofi_rxm, need the
+  // target to poll; plain writes on shm's fast path (the writer's own CMA
+  // copy) do not, and a spinning target would take a core the writer needs.
+  if (o.imm || o.provider != "shm") options.idle_after = std::chrono::microseconds(0);
   options.core = o.receiver_core;
   auto engine = transport::fabric::CreateLibfabricEngine(options);
   std::string reply;
