@@ -266,7 +266,7 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
 
   auto t0 = Clock::now();
   Status failure = impl.EnsureGroups(version);
-  report.seconds.barrier += Since(t0);
+  report.seconds.rendezvous += Since(t0);
   if (impl.work.empty() && failure.ok()) shards.ReadsDone(version);
   for (size_t g = 0; g < plan_.groups.size() && failure.ok(); ++g) {
     t0 = Clock::now();
@@ -312,11 +312,12 @@ std::string VersionReport::Summary() const {
   std::snprintf(buf, sizeof buf,
                 "version %llu: %.3f s, %.1f MiB in %llu writes (%.2f GB/s); copy %.3f, all-gather %.3f, "
                 "quantize+pack %.3f, post %.3f, watermark wait %.3f (%llu of %llu sources waited), wait writes %.3f, "
-                "barrier %.3f s; reads done after %.3f s; peak temp %.1f of %.1f MiB",
+                "barrier %.3f, rendezvous %.3f s; reads done after %.3f s; peak temp %.1f of %.1f MiB",
                 static_cast<unsigned long long>(version), seconds.total, mib,
                 static_cast<unsigned long long>(writes), gbps, seconds.copy, seconds.all_gather,
                 seconds.quantize_pack, seconds.post, seconds.watermark_wait,
-                static_cast<unsigned long long>(watermark_waits), static_cast<unsigned long long>(sources), seconds.wait_writes, seconds.barrier,
+                static_cast<unsigned long long>(watermark_waits), static_cast<unsigned long long>(sources),
+                seconds.wait_writes, seconds.barrier, seconds.rendezvous,
                 reads_done_after, static_cast<double>(peak_temp_bytes) / (1 << 20),
                 static_cast<double>(watermark_bytes) / (1 << 20));
   return buf;

@@ -74,6 +74,7 @@ struct StageSeconds {
   double watermark_wait = 0;  // waiting for temporary memory
   double wait_writes = 0;     // waiting for the last writes after posting all
   double barrier = 0;         // MeshGroup barriers and version checks
+  double rendezvous = 0;      // building Gloo groups (first version, after a failure)
   double total = 0;
 };
 

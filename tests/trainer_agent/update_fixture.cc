@@ -151,6 +151,8 @@ void PutBf16Rows(const std::vector<uint16_t>& full, int64_t cols, int64_t row0, 
 
 }  // namespace
 
+TrainerSpec MakeTestTrainerSpec() { return MakeTrainerSpec(); }
+
 const std::map<std::string, Shape>& TrainerShapes() {
   static const std::map<std::string, Shape> shapes = {
       {"embed.weight", {512, 128}},       {"layers.0.q.weight", {256, 256}},

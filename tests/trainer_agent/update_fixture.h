@@ -46,6 +46,9 @@ struct UpdateFixture {
   uint64_t region_bytes = 0;
 };
 
+// The trainer spec alone (no engines): what an agent process needs.
+TrainerSpec MakeTestTrainerSpec();
+
 // Shapes of the trainer tensors (global).
 const std::map<std::string, Shape>& TrainerShapes();
 
