@@ -26,7 +26,8 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source);
 
 // Ranks 0..N-1 once each; region ids unique; tensor names unique per rank;
 // tensors and scales inside their regions and not overlapping; tp and expert
-// slices consistent with the shape; fp8 tensors carry an fp32 scale whose
+// slices consistent with the shape, and within one instance the same tp
+// split for a tensor on every rank and no slice held twice; fp8 tensors carry an fp32 scale whose
 // shape is the 128x128 block grid of the last two dims (leading dims equal);
 // other dtypes carry none.
 Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& source);

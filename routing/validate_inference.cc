@@ -93,6 +93,15 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
                              std::to_string(r) + ")");
     }
   }
+  // Within one engine replica, the TP/EP slices of a tensor agree on the
+  // split and no two ranks hold the same slice.
+  struct Slices {
+    int32_t first_rank;
+    TpSlice tp;
+    std::vector<std::pair<std::pair<int32_t, int64_t>, int32_t>> held;  // (tp rank, first expert) -> rank
+  };
+  std::unordered_map<std::string, Slices> replicas;
+  std::string key;
   std::vector<Extent> extents;
   for (const InferenceRank& rank : spec.ranks) {
     const std::string rank_where = source + ": rank " + std::to_string(rank.rank) + ": ";
@@ -108,6 +117,27 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
       if (!names.insert(t.name).second)
         return InvalidArgument(rank_where + "tensor '" + t.name + "' listed twice");
       WSYNC_RETURN_IF_ERROR(CheckTensor(where, t));
+      if (t.tp || t.experts) {
+        key = std::to_string(rank.instance);
+        key += '|';
+        key += t.name;
+        const TpSlice tp = t.tp.value_or(TpSlice{});
+        auto [it, inserted] = replicas.try_emplace(key, Slices{rank.rank, tp, {}});
+        Slices& sl = it->second;
+        if (sl.tp.size != tp.size || sl.tp.dim != tp.dim)
+          return InvalidArgument(where + "tp {dim " + std::to_string(tp.dim) + ", size " +
+                                 std::to_string(tp.size) + "} but rank " + std::to_string(sl.first_rank) +
+                                 " of instance " + std::to_string(rank.instance) + " has tp {dim " +
+                                 std::to_string(sl.tp.dim) + ", size " + std::to_string(sl.tp.size) + "}");
+        const std::pair<int32_t, int64_t> slice{tp.rank, t.experts ? t.experts->start : 0};
+        for (const auto& [other, owner] : sl.held)
+          if (other == slice)
+            return InvalidArgument(where + "holds the same slice (tp rank " + std::to_string(tp.rank) +
+                                   (t.experts ? ", experts from " + std::to_string(slice.second) : "") +
+                                   ") as rank " + std::to_string(owner) + " of instance " +
+                                   std::to_string(rank.instance));
+        sl.held.push_back({slice, rank.rank});
+      }
       auto place = [&](const RegionRef& at, uint64_t bytes, const std::string& name) -> Status {
         auto it = regions.find(at.region);
         if (it == regions.end())

@@ -122,7 +122,12 @@ Scenario MakeScenario(uint32_t seed) {
                       {MappingRule::Kind::kDirect, "{*}", {{"{*}", std::nullopt, std::nullopt}}, 0}};
   sc.mapping.quant.push_back(QuantRule{});
 
-  // ---- inference
+  // ---- inference: one layout per tensor, the same on every rank
+  std::vector<int64_t> dense_tpd(n_dense);
+  for (int i = 0; i < n_dense; ++i) dense_tpd[i] = g.Int(-1, static_cast<int64_t>(dense_shapes[i].size()) - 1);
+  const bool moe_ep = g.Coin();
+  const int moe_tpd = static_cast<int>(g.Int(1, 2));
+  const int pe_mode = static_cast<int>(g.Int(0, 2));  // 0: EP, 1: TP dim 1, 2: TP dim 2
   for (int64_t r = 0; r < T * instances; ++r) {
     InferenceRank rank;
     rank.rank = static_cast<int32_t>(r);
@@ -134,7 +139,7 @@ Scenario MakeScenario(uint32_t seed) {
     auto tp_on = [&](int dim) { return TpSlice{dim, static_cast<int32_t>(tr), static_cast<int32_t>(T)}; };
     for (int i = 0; i < n_dense; ++i) {
       Shape s = dense_shapes[i];
-      const int64_t tpd = g.Int(-1, static_cast<int64_t>(s.size()) - 1);
+      const int64_t tpd = dense_tpd[i];
       std::optional<TpSlice> tp;
       int64_t off = 0;
       if (tpd >= 0) {
@@ -174,8 +179,7 @@ Scenario MakeScenario(uint32_t seed) {
       }
     }
     {  // experts.w: EP ranges or TP on dim 1/2
-      const bool ep = g.Coin();
-      if (ep) {
+      if (moe_ep) {
         auto [start, count] = TorchChunks(E, T)[tr];
         if (count > 0) {
           testing::AddTensor(&rank, "experts.w", {count, A, B}, DType::kBF16, std::nullopt,
@@ -186,7 +190,7 @@ Scenario MakeScenario(uint32_t seed) {
           });
         }
       } else {
-        const int tpd = static_cast<int>(g.Int(1, 2));
+        const int tpd = moe_tpd;
         Shape s = {E, A, B};
         int64_t off = 0;
         std::tie(off, s[tpd]) = TorchChunks(s[tpd], T)[tr];
@@ -199,7 +203,7 @@ Scenario MakeScenario(uint32_t seed) {
       }
     }
     {  // pe_fused[e] = concat(gate_e, up_e) on per-expert dim 0
-      const int mode = static_cast<int>(g.Int(0, 2));  // 0: EP, 1: TP dim 1, 2: TP dim 2
+      const int mode = pe_mode;
       int64_t start = 0, count = E2;
       if (mode == 0) std::tie(start, count) = TorchChunks(E2, T)[tr];
       auto [roff, rsz] = mode == 1 ? TorchChunks(A2, T)[tr] : std::pair<int64_t, int64_t>(0, A2);

@@ -141,3 +141,24 @@ TEST_F(ValidateTest, UnknownRegion) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+TEST_F(ValidateTest, SameSliceTwiceInOneInstance) {
+  for (InferenceTensor& t : inference_.ranks[1].tensors)
+    if (t.tp) t.tp->rank = 0;
+  ExpectInferenceError({"inference.json: rank 1: tensor 'model.embed_tokens.weight'",
+                        "holds the same slice (tp rank 0) as rank 0 of instance 0"});
+  // In another replica the same slice is expected.
+  inference_.ranks[1].instance = 1;
+  EXPECT_TRUE(ValidateInferenceSpec(inference_, "inference.json").ok());
+}
+
+TEST_F(ValidateTest, TpSplitMustAgreeWithinAnInstance) {
+  Tensor(1, "lm_head.weight").tp->size = 4;
+  ExpectInferenceError({"rank 1: tensor 'lm_head.weight'", "tp {dim 0, size 4} but rank 0 of instance 0 has tp {dim 0, size 2}"});
+}
+
+}  // namespace
+}  // namespace wsync
