@@ -26,9 +26,10 @@ struct AgentRunnerOptions {
   std::chrono::milliseconds version_timeout{300000};
   // How long to wait for the rest of the world to register (0: until stopped).
   std::chrono::milliseconds plan_timeout{0};
-  // How often the controller is asked for newly started versions. Latency
-  // here costs nothing on the data path: arrivals before Expect count.
-  std::chrono::milliseconds poll_interval{50};
+  // How often the controller is asked for newly started versions. Noticing
+  // late costs nothing while writes are still in flight (arrivals before
+  // Expect count); it delays the report only for updates shorter than this.
+  std::chrono::milliseconds poll_interval{100};
   std::function<void(const std::string&)> log;
   // Called once registration succeeded (the CLI prints "ready").
   std::function<void()> on_registered;

@@ -1,5 +1,7 @@
 #include "inference_agent/weight_store.h"
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -95,6 +97,9 @@ void WeightStore::MapRegions(const InferenceRank& rank, const Layout& layout) {
 
 StatusOr<WeightStore> WeightStore::Create(const std::string& shm_name, const InferenceRank& rank) {
   WSYNC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(rank));
+  // A new object, not the old one truncated: an engine still mapping a
+  // previous store keeps valid (stale) memory instead of faulting on it.
+  shm_unlink(shm_name.c_str());
   WSYNC_ASSIGN_OR_RETURN(ShmRegion shm, ShmRegion::Create(shm_name, layout.total_bytes));
   WeightStore store;
   store.shm_ = std::move(shm);

@@ -79,6 +79,12 @@ struct Transport {
   std::string provider;
   uint32_t nics;
 };
+// For test names in ctest (no ';', a CMake list separator).
+void PrintTo(const Transport& t, std::ostream* os) {
+  std::string p = t.provider;
+  for (char& c : p) if (c == ';') c = '+';
+  *os << p << " x" << t.nics;
+}
 
 class InferenceAgentTest : public ::testing::TestWithParam<Transport> {
  protected:

@@ -118,6 +118,23 @@ TEST(WeightStoreTest, AttachKeepsWeightsAndVersionButRefusesAnotherLayout) {
   EXPECT_NE(wrong.status().message().find("different layout"), std::string::npos) << wrong.status().message();
 }
 
+TEST(WeightStoreTest, RecreatingLeavesAnEngineOnTheOldStoreReadingValidMemory) {
+  const std::string name = TestName("recreate");
+  StatusOr<WeightStore> first = WeightStore::Create(name, SmallRank());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  first->regions()[0].data[0] = 0x11;
+  StatusOr<EngineView> old_view = EngineView::Open(name);
+  ASSERT_TRUE(old_view.ok()) << old_view.status().ToString();
+  first->KeepName();  // the name now belongs to the new store
+  StatusOr<WeightStore> second = WeightStore::Create(name, SmallRank());
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  // Not truncated under the engine: its mapping still reads (no SIGBUS).
+  EXPECT_EQ(old_view->Find("model.embed_tokens.weight")->data[0], 0x11);
+  StatusOr<EngineView> new_view = EngineView::Open(name);
+  ASSERT_TRUE(new_view.ok());
+  EXPECT_EQ(new_view->Find("model.embed_tokens.weight")->data[0], 0);
+}
+
 TEST(WeightStoreTest, TensorOutsideItsRegionIsOneLineNamingIt) {
   InferenceRank r = SmallRank();
   r.tensors[1].where.offset = (1 << 20) - 100;
