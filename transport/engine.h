@@ -187,8 +187,9 @@ class Engine {
 
   // Small two-sided messages (at most kMaxControlMessage bytes). Messages
   // that arrive before a Recv is pending are kept, in arrival order.
+  // A Recv still unmatched at `deadline` ends with DEADLINE_EXCEEDED.
   virtual Status Send(PeerId peer, std::string message, Callback done) = 0;
-  virtual Status Recv(RecvCallback done) = 0;
+  virtual Status Recv(RecvCallback done, Clock::time_point deadline = Clock::time_point::max()) = 0;
 
   // Fires `done` exactly once: OK as soon as `count` arrivals of `imm` have
   // been seen (arrivals before the call count too; extra arrivals carry over

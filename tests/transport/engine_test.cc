@@ -190,7 +190,10 @@ TEST_P(EngineTest, BadInputIsRefusedBeforePosting) {
     MemoryDescriptor garbage_address;
     garbage_address.length = 1;
     garbage_address.nics = {{"definitely not an endpoint name", 1}};
-    EXPECT_FALSE(engine_->Import(garbage_address).ok());
+    StatusOr<RemoteMemory> bad = engine_->Import(garbage_address);
+    ASSERT_FALSE(bad.ok());
+    // Provider errors name the failing call and carry fi_strerror's text.
+    EXPECT_NE(bad.status().message().find("fi_av_insert"), std::string::npos) << bad.status().ToString();
   }
   // A region of another engine is not ours to post from.
   auto other = fabric::CreateLibfabricEngine(options_);
@@ -212,6 +215,26 @@ TEST_P(EngineTest, ExpectWithoutArrivalsFiresDeadlineError) {
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
   EXPECT_NE(st.message().find("saw 0 of 3"), std::string::npos) << st.message();
   EXPECT_LT(Clock::now() - t0, seconds(3));
+}
+
+TEST_P(EngineTest, RecvWithoutSenderFiresDeadlineError) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  std::promise<StatusOr<std::string>> got;
+  ASSERT_TRUE(engine_->Recv([&](StatusOr<std::string> m) { got.set_value(std::move(m)); },
+                            Clock::now() + milliseconds(300))
+                  .ok());
+  auto f = got.get_future();
+  ASSERT_EQ(f.wait_for(seconds(5)), std::future_status::ready);
+  EXPECT_EQ(f.get().status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(EngineTest, CudaRegistrationWithoutHmemIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  std::vector<uint8_t> buf(4096);
+  auto region = engine_->Register(buf.data(), buf.size(), MemoryKind::kCuda, 0);
+  ASSERT_FALSE(region.ok());
+  EXPECT_EQ(region.status().code(), StatusCode::kFailedPrecondition) << region.status().ToString();
+  EXPECT_NE(region.status().message().find("enable_hmem"), std::string::npos);
 }
 
 TEST_P(EngineTest, DeadPeerFailsWithinBoundedTime) {

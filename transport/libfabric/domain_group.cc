@@ -479,6 +479,14 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
         std::to_string(options_.op_timeout.count()) + " ms; the peer is dead, unreachable, or dropped the write (e.g. a stale remote key)");
     callbacks_->Push(notice);
   }
+  for (auto it = pending_recvs_.begin(); it != pending_recvs_.end();) {
+    if ((*it)->expect_deadline > now) {
+      ++it;
+      continue;
+    }
+    Hand(*it, DeadlineExceeded("recv: no control message arrived before the deadline"));
+    it = pending_recvs_.erase(it);
+  }
   expired_.clear();
   imm_counter_.ExpireBefore(now, &expired_);
   for (const ImmCounter::Expired& e : expired_) {

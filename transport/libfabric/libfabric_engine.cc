@@ -122,10 +122,11 @@ class LibfabricEngine final : public Engine {
     return Status::Ok();
   }
 
-  Status Recv(RecvCallback done) override {
+  Status Recv(RecvCallback done, Clock::time_point deadline) override {
     auto* r = new Request;
     r->kind = RequestKind::kRecv;
     r->recv_done = std::move(done);
+    r->expect_deadline = deadline;
     group_->Submit(r);
     return Status::Ok();
   }

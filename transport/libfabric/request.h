@@ -43,7 +43,7 @@ struct Request : Notice {
   BarrierWrite barrier;
   PeerId peer = 0;                     // kSend
   uint32_t imm = 0, count = 0;         // kExpect
-  Clock::time_point expect_deadline;   // kExpect
+  Clock::time_point expect_deadline;   // kExpect, kRecv
   std::function<void()> control;       // kControl: runs on the worker
 
   // Worker state.
