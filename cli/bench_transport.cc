@@ -6,6 +6,7 @@
 // A receiver process is forked before any engine thread exists; it
 // registers the target region, hands its descriptor back through a pipe
 // and stays passive until the pipe closes.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ struct BenchOptions {
   std::vector<std::string> patterns = {"single", "paged"};
   std::string format = "text";
   bool imm = false;
+  bool small_pages = false;  // 4 KiB pages instead of THP (as fabtests' buffers)
   // Worker cores (-1: unpinned). Defaults keep sender and receiver apart.
   int sender_core = 0;
   int receiver_core = 1;
@@ -57,18 +59,35 @@ struct Point {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Bench buffers: 2 MiB-aligned and backed by transparent huge pages where
+// the kernel allows (THP "madvise" mode), as large pinned weight buffers
+// usually are; 4 KiB pages make every kernel copy walk 512x more PTEs.
+struct FreeDeleter {
+  void operator()(char* p) const noexcept { std::free(p); }
+};
+std::unique_ptr<char, FreeDeleter> HugeBuffer(size_t bytes, char fill, bool huge) {
+  constexpr size_t kHuge = 2 << 20;
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  char* p = static_cast<char*>(std::aligned_alloc(kHuge, rounded));
+  if (p != nullptr) {
+    madvise(p, rounded, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(p, fill, rounded);
+  }
+  return std::unique_ptr<char, FreeDeleter>(p);
+}
+
 // Single-core memcpy bandwidth at one message size, copying between the
 // same two buffers again and again as the bench's writes do (so small sizes
 // are as cache-resident for the ceiling as for the engine).
-double MemcpyGbps(size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  std::memcpy(b.data(), a.data(), bytes);  // fault every page in first
+double MemcpyGbps(size_t bytes, bool huge) {
+  auto a = HugeBuffer(bytes, 1, huge), b = HugeBuffer(bytes, 2, huge);
+  std::memcpy(b.get(), a.get(), bytes);
   uint64_t copied = 0;
   const auto t0 = Clock::now();
   while (Seconds(Clock::now() - t0) < 0.05 || copied < 4 * bytes) {
     for (int i = 0; i < 8; ++i) {
-      std::memcpy(b.data(), a.data(), bytes);
-      asm volatile("" ::"r"(b.data()) : "memory");  // every copy happens
+      std::memcpy(b.get(), a.get(), bytes);
+      asm volatile("" ::"r"(b.get()) : "memory");  // every copy happens
     }
     copied += 8 * bytes;
   }
@@ -95,11 +114,11 @@ transport::fabric::LibfabricOptions EngineOptions(const BenchOptions& o) {
   options.core = o.receiver_core;
   auto engine = transport::fabric::CreateLibfabricEngine(options);
   std::string reply;
-  std::vector<char> buffer;
+  std::unique_ptr<char, FreeDeleter> buffer;
   std::unique_ptr<MemoryRegion> region;
   if (engine.ok()) {
-    buffer.resize(o.max_size);
-    auto r = (*engine)->Register(buffer.data(), buffer.size());
+    buffer = HugeBuffer(o.max_size, 0, !o.small_pages);
+    auto r = (*engine)->Register(buffer.get(), o.max_size);
     if (r.ok()) {
       region = std::move(r).value();
       reply = "D" + region->descriptor().Serialize();
@@ -230,7 +249,7 @@ int RunBench(const BenchOptions& o) {
   }
   // Ceilings first, before any engine thread competes for the cores.
   std::vector<double> ceilings;
-  for (uint64_t size = o.min_size; size <= o.max_size; size *= 2) ceilings.push_back(MemcpyGbps(size));
+  for (uint64_t size = o.min_size; size <= o.max_size; size *= 2) ceilings.push_back(MemcpyGbps(size, !o.small_pages));
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) {
     std::perror("bench transport: pipe");
@@ -274,16 +293,17 @@ int RunBench(const BenchOptions& o) {
     return finish(1);
   }
   auto remote = (*engine)->Import(*desc);
-  std::vector<char> src(o.max_size, 7);
-  auto region = (*engine)->Register(src.data(), src.size());
+  std::unique_ptr<char, FreeDeleter> src = HugeBuffer(o.max_size, 7, !o.small_pages);
+  auto region = (*engine)->Register(src.get(), o.max_size);
   if (!remote.ok() || !region.ok()) {
     std::fprintf(stderr, "bench transport: %s\n", (remote.ok() ? region.status() : remote.status()).ToString().c_str());
     return finish(1);
   }
   const bool json = o.format == "json";
   if (!json) {
-    std::printf("wsync bench transport: provider %s, %u NIC(s), window %u, %s\n", o.provider.c_str(), o.nics,
-                o.window, o.imm ? "write-with-immediate" : "plain writes");
+    std::printf("wsync bench transport: provider %s, %u NIC(s), window %u, %s, %s\n", o.provider.c_str(), o.nics,
+                o.window, o.imm ? "write-with-immediate" : "plain writes",
+                o.small_pages ? "4 KiB pages" : "huge-page buffers");
     std::printf("ceiling: single-core memcpy of the same size, same run\n");
     std::printf("%-7s %9s %9s %11s %9s %9s %9s %7s\n", "pattern", "size", "GB/s", "ops/s", "p50_us", "p99_us",
                 "ceiling", "ratio");
@@ -337,6 +357,7 @@ void AddBenchTransport(CLI::App& bench) {
   cmd->add_option("--pattern", o->patterns, "single and/or paged")->check(CLI::IsMember({"single", "paged"}));
   cmd->add_option("--format", o->format, "text or json (one record per line)")->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--imm", o->imm, "every write carries an immediate");
+  cmd->add_flag("--small-pages", o->small_pages, "buffers on 4 KiB pages instead of transparent huge pages");
   cmd->add_option("--sender-core", o->sender_core, "pin the sending worker to this core (-1: no pinning)");
   cmd->add_option("--receiver-core", o->receiver_core, "pin the receiving worker to this core (-1: no pinning)");
   cmd->callback([o] {

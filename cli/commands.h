@@ -4,12 +4,22 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/plan_inputs.h"
+#include "routing/plan_summary.h"
+
 namespace wsync::cli {
 
 void AddPlanCommand(CLI::App& app);
+void AddControllerCommand(CLI::App& app);          // cli/controller_command.cc
+void AddTrainerAgentCommand(CLI::App& app);        // cli/trainer_agent_command.cc
+void AddInferenceAgentCommand(CLI::App& app);      // cli/inference_agent_command.cc
+// Options shared by `plan` and `bench plan` (cli/plan_command.cc).
+void AddPlanSourceOptions(CLI::App& cmd, PlanSource* src);
+void AddLinkModelOptions(CLI::App& cmd, LinkModel* link);
 
 // `wsync bench <what>`: benchmarks that print ours vs the limit in one run.
 void AddBenchCommand(CLI::App& app);
 void AddBenchPlan(CLI::App& bench);       // cli/bench_plan.cc
+void AddBenchTransport(CLI::App& bench);  // cli/bench_transport.cc
 
 }  // namespace wsync::cli

@@ -8,6 +8,9 @@ int main(int argc, char** argv) {
   CLI::App app{"wsync: RDMA weight synchronization for RL post-training"};
   app.require_subcommand(1);
   wsync::cli::AddPlanCommand(app);
+  wsync::cli::AddControllerCommand(app);
+  wsync::cli::AddTrainerAgentCommand(app);
+  wsync::cli::AddInferenceAgentCommand(app);
   wsync::cli::AddBenchCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;

@@ -26,6 +26,10 @@ struct TrainerLayout {
   int32_t ep = 1;                     // expert parallel inside each PP stage
   DType dtype = DType::kBF16;
   std::string expert_layout = "stacked";  // only "stacked" (torchtitan) today
+  // Order of ranks inside a PP stage: "ep_inner" (i = f*E + e, torchtitan's
+  // default: an EP group shares a node, FSDP crosses nodes) or "fsdp_inner"
+  // (i = e*F + f: FSDP groups share nodes, so full_tensor stays on NVLink).
+  std::string rank_order = "ep_inner";
 };
 
 // Inference side: `gpus / gpus_per_instance` engine replicas, each one TP

@@ -49,6 +49,9 @@ Status CheckLayout(const ModelDims& d, const TrainerLayout& t) {
   if (t.expert_layout != "stacked") {
     return bad("expert_layout '" + t.expert_layout + "' is not supported (use \"stacked\")");
   }
+  if (t.rank_order != "ep_inner" && t.rank_order != "fsdp_inner") {
+    return bad("rank_order '" + t.rank_order + "' is not one of \"ep_inner\", \"fsdp_inner\"");
+  }
   if (t.dtype == DType::kFP8E4M3) return bad("dtype fp8_e4m3 is not a training dtype");
   return Status::Ok();
 }
@@ -96,7 +99,10 @@ Status BuildTrainerSpec(const ModelDims& d, const TrainerLayout& t, TrainerSpec*
   spec.ranks.resize(static_cast<size_t>(t.gpus));
   for (int32_t r = 0; r < t.gpus; ++r) {
     const StageTemplate& st = stages[r / per_stage];
-    const int64_t local = r % per_stage, f = local / t.ep, e = local % t.ep;
+    const int64_t local = r % per_stage;
+    const bool fsdp_inner = t.rank_order == "fsdp_inner";
+    const int64_t f = fsdp_inner ? local % t.fsdp : local / t.ep;
+    const int64_t e = fsdp_inner ? local / t.fsdp : local % t.ep;
     TrainerRank& rank = spec.ranks[r];
     rank.rank = r;
     rank.host = "trainer-" + std::to_string(r / t.gpus_per_node);

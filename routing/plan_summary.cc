@@ -118,9 +118,12 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
   s.sender_nic_bytes = Distribute(tnic);
   s.receiver_nic_bytes = Distribute(inic);
 
-  // full_tensor volume per rank and group: a holder of `box` among k holders
-  // of the same box receives (k-1)/k of it in the all-gather.
-  std::vector<std::vector<double>> g_gather(num_groups, std::vector<double>(nt, 0));
+  // full_tensor volume per rank and group. k ranks end up holding the same
+  // box B; a rank receives (k-1)/k of B over NVLink, and its host must bring
+  // in the part no local rank held, B * (1 - g/k) for g local holders,
+  // spread over those g ranks' NICs.
+  std::vector<std::vector<double>> g_gather(num_groups, std::vector<double>(nt, 0));  // NVLink bytes
+  std::vector<std::vector<double>> g_gather_nic(num_groups, std::vector<double>(nt, 0));
   std::vector<std::vector<double>> g_calls(num_groups, std::vector<double>(nt, 0));
   std::vector<int32_t> g_sources(num_groups, 0);
   std::vector<uint64_t> g_stored(num_groups, 0);
@@ -134,17 +137,23 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
       k.insert(k.end(), b.size.begin(), b.size.begin() + b.ndim);
       return k;
     };
-    for (const auto& h : src.holders) ++same_box[key(h.box)];
+    std::map<std::pair<std::vector<int64_t>, std::string>, int32_t> same_box_host;
+    for (const auto& h : src.holders) {
+      ++same_box[key(h.box)];
+      ++same_box_host[{key(h.box), table.trainer_endpoints[h.rank].host}];
+    }
     for (const auto& h : src.holders) {
       const double k = same_box[key(h.box)];
+      const double g = same_box_host[{key(h.box), table.trainer_endpoints[h.rank].host}];
       const double bytes = static_cast<double>(h.box.NumElements()) * DTypeSize(src.dtype);
       g_gather[src.mesh_group][h.rank] += bytes * (k - 1) / k;
+      g_gather_nic[src.mesh_group][h.rank] += bytes * (1 - g / k) / g;
       g_calls[src.mesh_group][h.rank] += 1;
     }
   }
 
   const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
-  const double ag_bps = BytesPerSecond(link.allgather_gbps);
+  const double nvlink_bps = BytesPerSecond(link.nvlink_gbps);
   std::vector<double> rank_path(nt, 0);
   for (size_t g = 0; g < num_groups; ++g) {
     MeshGroupSummary m;
@@ -157,7 +166,8 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
       rank_bytes.push_back(g_sent[g][r]);
       m.wire_bytes += static_cast<uint64_t>(g_sent[g][r]);
       m.writes += static_cast<uint64_t>(g_writes[g][r]);
-      const double ag = g_gather[g][r] / ag_bps + g_calls[g][r] * link.allgather_call_us * 1e-6;
+      const double ag = std::max(g_gather[g][r] / nvlink_bps, g_gather_nic[g][r] / nic_bps) +
+                        g_calls[g][r] * link.allgather_call_us * 1e-6;
       const double wr = g_tnic[g][tnic_of[r]] / nic_bps + g_writes[g][r] * link.per_write_us * 1e-6;
       // Pipelined: the slower stage dominates; the faster one adds its first
       // tensor's share as pipeline fill.
@@ -210,8 +220,9 @@ std::string FormatSummaryText(const PlanSummary& s) {
     << Seconds(s.sender_bound_seconds) << ", busiest receiver NIC " << Seconds(s.receiver_bound_seconds)
     << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
   o << "  link model: NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
-    << "% efficiency per direction; " << l.per_write_us << " us to post a write; full_tensor at "
-    << l.allgather_gbps << " Gbit/s per rank + " << l.allgather_call_us << " us per call; "
+    << "% efficiency per direction; " << l.per_write_us << " us to post a write; full_tensor over NVLink "
+    << l.nvlink_gbps << " Gbit/s inside a host and the NICs across hosts, + " << l.allgather_call_us
+    << " us per call; "
     << l.barrier_us << " us per MeshGroup barrier; all-gather and writes pipelined inside a "
     << "MeshGroup, MeshGroups of one rank in sequence, disjoint MeshGroups in parallel\n";
   return o.str();
@@ -249,7 +260,7 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["wire_limit_seconds"] = s.wire_limit_seconds;
   j["link_model"] = {{"nic_gbps", s.link.nic_gbps}, {"nic_efficiency", s.link.nic_efficiency},
                      {"per_write_us", s.link.per_write_us},
-                     {"allgather_gbps", s.link.allgather_gbps},
+                     {"nvlink_gbps", s.link.nvlink_gbps},
                      {"allgather_call_us", s.link.allgather_call_us},
                      {"barrier_us", s.link.barrier_us}};
   return j.dump(2);

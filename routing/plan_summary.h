@@ -20,7 +20,10 @@ struct LinkModel {
   double nic_gbps = 400.0;          // per NIC, each direction (Gbit/s)
   double nic_efficiency = 0.9;      // fraction of line rate a large write reaches
   double per_write_us = 1.0;        // sender CPU cost to post one write
-  double allgather_gbps = 400.0;    // per-rank receive bandwidth of full_tensor (Gbit/s)
+  // full_tensor: bytes from peers on the same host move over NVLink; bytes
+  // from other hosts enter each host once over its NICs (hierarchical
+  // all-gather) and are shared over NVLink from there.
+  double nvlink_gbps = 3600.0;      // per GPU, each direction (H100/H200: 450 GB/s)
   double allgather_call_us = 150.0; // fixed cost of one full_tensor call (launch + sync)
   double barrier_us = 200.0;        // one Gloo barrier between MeshGroups
 };
