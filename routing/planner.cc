@@ -351,39 +351,88 @@ void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Sh
   }
 }
 
+// Number of contiguous runs EmitRuns makes of `dbox` in `shape`.
+int64_t RunCount(const Box& dbox, const Shape& shape) {
+  const int nd = static_cast<int>(shape.size());
+  if (dbox.NumElements() == 0) return 0;
+  int k = nd - 1;
+  while (k >= 0 && dbox.offset[k] == 0 && dbox.size[k] == shape[k]) --k;
+  int64_t n = 1;
+  for (int d = 0; d < k; ++d) n *= dbox.size[d];
+  return n;
+}
+
+// The scale blocks a job covers: its rows/cols rounded out to block edges
+// (block-aligned or ending at the tensor end, checked when splitting).
+void ScaleBoxes(const Job& job, const QuantRule& q, int nd, Box* dsb, Box* ssb) {
+  *dsb = job.dst_box;
+  *ssb = job.src_box;
+  const int64_t blocks[2] = {q.block_rows, q.block_cols};
+  for (int k = 0; k < 2; ++k) {
+    const int dd = nd - 2 + k;
+    const int sd = job.dst_to_src[dd];
+    const int64_t b = blocks[k];
+    dsb->offset[dd] = job.dst_box.offset[dd] / b;
+    dsb->size[dd] = CeilDiv(job.dst_box.offset[dd] + job.dst_box.size[dd], b) - dsb->offset[dd];
+    ssb->offset[sd] = job.src_box.offset[sd] / b;
+    ssb->size[sd] = CeilDiv(job.src_box.offset[sd] + job.src_box.size[sd], b) - ssb->offset[sd];
+  }
+}
+
 void Planner::EmitOps(RoutingTable* table) {
-  std::vector<WriteOp>& ops = table->ops;
-  ops.reserve(jobs_.size() * 2);
+  // Emit in job order sorted by the op key's prefix; then only runs of ops
+  // sharing (group, sender, source, destination) may need reordering, which
+  // is far cheaper than sorting every op.
+  std::vector<uint32_t> order(jobs_.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto linear = [this](const Job& j) { return BoxByteOffset(j.dst_box, dest_tensor_[j.dst]->shape, 1); };
+  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    const Job& a = jobs_[x];
+    const Job& b = jobs_[y];
+    if (a.mesh_group != b.mesh_group) return a.mesh_group < b.mesh_group;
+    if (a.sender != b.sender) return a.sender < b.sender;
+    if (a.src != b.src) return a.src < b.src;
+    if (a.dst != b.dst) return a.dst < b.dst;  // destinations ascend by rank
+    const uint64_t la = linear(a), lb = linear(b);
+    if (la != lb) return la < lb;
+    return x < y;
+  });
+  int64_t total = 0;
   for (const Job& job : jobs_) {
     const InferenceTensor& t = *dest_tensor_[job.dst];
-    EmitRuns(job, WriteKind::kWeight, job.dst_box, t.shape, DTypeSize(t.dtype), job.src_box, &ops);
-    const QuantRule* quant = dest_quant_[job.dst];
-    if (!quant) continue;
-    // The job's blocks: its rows/cols rounded out to block edges (they are
-    // block-aligned or end at the tensor end, checked when splitting).
-    const int nd = static_cast<int>(t.shape.size());
-    Box dsb = job.dst_box, ssb = job.src_box;
-    const int64_t blocks[2] = {quant->block_rows, quant->block_cols};
-    for (int k = 0; k < 2; ++k) {
-      const int dd = nd - 2 + k;
-      const int sd = job.dst_to_src[dd];
-      const int64_t b = blocks[k];
-      dsb.offset[dd] = job.dst_box.offset[dd] / b;
-      dsb.size[dd] = CeilDiv(job.dst_box.offset[dd] + job.dst_box.size[dd], b) - dsb.offset[dd];
-      ssb.offset[sd] = job.src_box.offset[sd] / b;
-      ssb.size[sd] = CeilDiv(job.src_box.offset[sd] + job.src_box.size[sd], b) - ssb.offset[sd];
+    total += RunCount(job.dst_box, t.shape);
+    if (const QuantRule* q = dest_quant_[job.dst]) {
+      Box dsb, ssb;
+      ScaleBoxes(job, *q, static_cast<int>(t.shape.size()), &dsb, &ssb);
+      total += RunCount(dsb, t.scale->shape);
     }
-    EmitRuns(job, WriteKind::kScale, dsb, t.scale->shape, DTypeSize(t.scale->dtype), ssb, &ops);
   }
-  std::sort(ops.begin(), ops.end(), [](const WriteOp& a, const WriteOp& b) {
-    if (a.mesh_group != b.mesh_group) return a.mesh_group < b.mesh_group;
-    if (a.src_rank != b.src_rank) return a.src_rank < b.src_rank;
-    if (a.src != b.src) return a.src < b.src;
-    if (a.dst_rank != b.dst_rank) return a.dst_rank < b.dst_rank;
-    if (a.dst != b.dst) return a.dst < b.dst;
+  std::vector<WriteOp>& ops = table->ops;
+  ops.reserve(static_cast<size_t>(total));
+  for (uint32_t j : order) {
+    const Job& job = jobs_[j];
+    const InferenceTensor& t = *dest_tensor_[job.dst];
+    EmitRuns(job, WriteKind::kWeight, job.dst_box, t.shape, DTypeSize(t.dtype), job.src_box, &ops);
+    if (const QuantRule* q = dest_quant_[job.dst]) {
+      Box dsb, ssb;
+      ScaleBoxes(job, *q, static_cast<int>(t.shape.size()), &dsb, &ssb);
+      EmitRuns(job, WriteKind::kScale, dsb, t.scale->shape, DTypeSize(t.scale->dtype), ssb, &ops);
+    }
+  }
+  auto same_group = [](const WriteOp& a, const WriteOp& b) {
+    return a.mesh_group == b.mesh_group && a.src_rank == b.src_rank && a.src == b.src && a.dst == b.dst;
+  };
+  auto within = [](const WriteOp& a, const WriteOp& b) {
     if (a.kind != b.kind) return a.kind < b.kind;
     return a.dst_offset < b.dst_offset;
-  });
+  };
+  for (size_t i = 0; i < ops.size();) {
+    size_t e = i + 1;
+    while (e < ops.size() && same_group(ops[i], ops[e])) ++e;
+    if (!std::is_sorted(ops.begin() + i, ops.begin() + e, within))
+      std::sort(ops.begin() + i, ops.begin() + e, within);
+    i = e;
+  }
 }
 
 }  // namespace

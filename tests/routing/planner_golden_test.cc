@@ -161,3 +161,76 @@ TEST(PlannerGoldenTest, SendersAreBalancedAndDeterministic) {
 
 }  // namespace
 }  // namespace wsync
+
+namespace wsync {
+namespace {
+
+// Trainer experts [8, 4, 4] on mesh [fsdp 2, ep 2] with [Shard(1), Shard(0)]:
+// after gathering fsdp, ranks with ep coordinate 0 (ranks 0, 2) hold experts
+// [0, 4) and ranks with ep 1 (ranks 1, 3) hold [4, 8).
+struct EpCase {
+  TrainerSpec trainer;
+  InferenceSpec inference;
+  MappingSpec mapping;
+};
+
+EpCase MakeEpCase(std::vector<Placement> placements) {
+  EpCase c;
+  c.trainer = testing::BuildTrainer({{"experts", {2, 2}, {"fsdp", "ep"}}}, {{"experts", "experts", {"fsdp"}}},
+                                    {{"moe.w", {8, 4, 4}, DType::kBF16, "experts", placements}});
+  InferenceRank r;
+  r.rank = 0;
+  r.host = "infer-0";
+  testing::AddTensor(&r, "experts.w", {4, 4, 4}, DType::kBF16, std::nullopt, ExpertRange{2, 6});
+  c.inference.ranks.push_back(r);
+  c.mapping.rules.push_back({MappingRule::Kind::kStackExperts, "experts.w", {{"moe.w", 0, std::nullopt}}, 0});
+  return c;
+}
+
+TEST(PlannerGoldenTest, ExpertsSpanningTwoEpSlicesAreSplitBetweenTheirHolders) {
+  EpCase c = MakeEpCase({Placement::Shard(1), Placement::Shard(0)});
+  auto table = Plan(c.trainer, c.inference, c.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(table->ops.size(), 2u);
+  const WriteOp& a = table->ops[0];
+  const WriteOp& b = table->ops[1];
+  // Experts [2, 4) from rank 0 (ep 0, lowest rank), [4, 6) from rank 1 (ep 1).
+  EXPECT_EQ(a.src_rank, 0);
+  EXPECT_EQ(a.src_box.offset[0], 2);
+  EXPECT_EQ(a.src_box.size[0], 2);
+  EXPECT_EQ(a.dst_offset, 0u);
+  EXPECT_EQ(a.bytes, 2u * 16 * 2);
+  EXPECT_EQ(b.src_rank, 1);
+  EXPECT_EQ(b.src_box.offset[0], 4);
+  EXPECT_EQ(b.src_box.size[0], 2);
+  EXPECT_EQ(b.dst_offset, 64u);
+  EXPECT_EQ(b.bytes, 64u);
+  EXPECT_EQ(testing::CheckPlan(c.trainer, c.inference, *table).error, "");
+}
+
+TEST(PlannerGoldenTest, GatheringFsdpInsideEpOnTheSameDimIsRefusedNamingTheTensor) {
+  // [Shard(0), Shard(0)] over [fsdp, ep]: gathering fsdp leaves each rank
+  // every other slice of experts, which no box describes.
+  EpCase c = MakeEpCase({Placement::Shard(0), Placement::Shard(0)});
+  PlanOptions opt;
+  opt.trainer_source = "trainer.json";
+  auto table = Plan(c.trainer, c.inference, c.mapping, opt);
+  ASSERT_FALSE(table.ok());
+  EXPECT_NE(table.status().message().find("trainer.json: rank 0: tensor 'moe.w': mesh group 'experts'"),
+            std::string::npos) << table.status().message();
+  EXPECT_NE(table.status().message().find("non-contiguous"), std::string::npos);
+}
+
+TEST(PlannerGoldenTest, QkvSendersArePinned) {
+  // Regression pin of the balancer's choices for one tensor (greedy
+  // largest-first over all 4 ranks, ties to the lowest rank).
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok());
+  std::vector<int32_t> senders;
+  OpsFor(*table, 0, L0 + "self_attn.qkv_proj.weight", &senders);
+  EXPECT_EQ(senders, (std::vector<int32_t>{2, 3, 0}));
+}
+
+}  // namespace
+}  // namespace wsync
