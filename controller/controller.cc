@@ -110,42 +110,50 @@ Status Controller::LoadStateLocked() {
   // check the digest, so the restarted controller provably serves the plan
   // its agents already hold. plan.json alone is not enough: it does not
   // keep source holders, which per-rank extraction needs.
-  WSYNC_RETURN_IF_ERROR(InstallPlanLocked(trainer, inference, world->trainer, world->inference));
-  if (plan_id_ != world->plan_id) {
-    planned_ = false;
-    return FailedPrecondition(where + ": re-planning the persisted world gives plan " + plan_id_ +
+  std::string plan_text;
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const PlanState> plan,
+                         BuildPlan(trainer, inference, world->trainer, world->inference, &plan_text));
+  if (plan->plan_id != world->plan_id)
+    return FailedPrecondition(where + ": re-planning the persisted world gives plan " + plan->plan_id +
                               ", not the persisted " + world->plan_id +
                               " (the planner changed?); use a fresh --state-dir and restart every agent");
-  }
+  InstallPlanLocked(plan);
   WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
   if (v.has_complete) versions_.RestoreLatestComplete(v.latest_complete, v.update_seconds, v.finished_unix);
-  Log("restored plan " + plan_id_ + " from " + store_.dir() + " (" + std::to_string(table_.ops.size()) +
+  Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(plan_->table.ops.size()) +
       " writes per update); latest complete version: " +
       (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")));
   return Status::Ok();
 }
 
-Status Controller::InstallPlanLocked(const TrainerSpec& trainer, const InferenceSpec& inference,
-                                     const json& trainer_json, const json& inference_json) {
+StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
+    const TrainerSpec& trainer, const InferenceSpec& inference, const json& trainer_json,
+    const json& inference_json, std::string* plan_text) const {
   PlanOptions plan_options;
+  plan_options.validate = false;  // the specs come from the strict loaders, which validate
   plan_options.trainer_source = "trainer registrations";  // CulpritOf reads these prefixes
   plan_options.inference_source = "inference registrations";
   plan_options.mapping_source = "mapping";
   StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, plan_options);
   if (!table.ok()) return InvalidArgument(table.status().message());
-  const json plan_json = PlanToJson(*table);
-  trainer_spec_ = trainer;
-  inference_spec_ = inference;
-  trainer_json_ = trainer_json;
-  inference_json_ = inference_json;
-  table_ = std::move(table).value();
-  summary_ = Summarize(table_, LinkModel{});
-  plan_id_ = PlanDigest(plan_json.dump());
+  auto plan = std::make_shared<PlanState>();
+  plan->trainer = trainer;
+  plan->inference = inference;
+  plan->trainer_json = trainer_json;
+  plan->inference_json = inference_json;
+  plan->table = std::move(table).value();
+  plan->summary = Summarize(plan->table, LinkModel{});
+  *plan_text = PlanToJson(plan->table).dump();
+  plan->plan_id = PlanDigest(*plan_text);
+  return std::shared_ptr<const PlanState>(std::move(plan));
+}
+
+void Controller::InstallPlanLocked(std::shared_ptr<const PlanState> plan) {
+  plan_ = std::move(plan);
   trainer_slices_.clear();
   inference_slices_.clear();
   planned_ = true;
   cv_.notify_all();
-  return Status::Ok();
 }
 
 Status Controller::MaybePlanLocked() {
@@ -154,19 +162,19 @@ Status Controller::MaybePlanLocked() {
     return Status::Ok();
   WSYNC_ASSIGN_OR_RETURN(AssembledWorld world,
                          AssembleWorld(trainers_.ranks(), trainers_.mesh_groups(), inference_ranks_));
-  WSYNC_RETURN_IF_ERROR(InstallPlanLocked(world.trainer, world.inference, world.trainer_json,
-                                          world.inference_json));
+  std::string plan_text;
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const PlanState> plan,
+                         BuildPlan(world.trainer, world.inference, world.trainer_json, world.inference_json,
+                                   &plan_text));
+  // Persist first: a plan agents act on must survive a restart.
   PersistedWorld persisted{options_.trainers, options_.inference, world.trainer_json,
-                           world.inference_json,  ToJson(options_.mapping), plan_id_};
-  Status saved = store_.SaveWorld(persisted, PlanToJson(table_));
-  if (!saved.ok()) {
-    planned_ = false;
-    return saved;
-  }
+                           world.inference_json, ToJson(options_.mapping), plan->plan_id};
+  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, plan_text));
+  InstallPlanLocked(plan);
   assembly_error_.clear();
   Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
-      std::to_string(options_.inference) + " inference ranks; plan " + plan_id_ + ": " +
-      std::to_string(table_.ops.size()) + " writes, " + std::to_string(summary_.wire_bytes) +
+      std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
+      std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
       " bytes per update");
   return Status::Ok();
 }
@@ -200,13 +208,14 @@ json Controller::RegisterReplyLocked(Role role, int32_t rank) {
           {"registered", registered},
           {"world", options_.trainers + options_.inference},
           {"phase", PhaseLocked()},
-          {"plan_id", plan_id_}};
+          {"plan_id", planned_ ? plan_->plan_id : std::string()}};
 }
 
 StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json& rank_json,
                                             const json* mesh_groups) {
   const bool trainer = role == Role::kTrainer;
-  json doc = trainer ? trainer_json_ : inference_json_;
+  const json& planned_json = trainer ? plan_->trainer_json : plan_->inference_json;
+  json doc = planned_json;
   if (mesh_groups) doc["mesh_groups"] = *mesh_groups;
   for (json& r : doc["ranks"])
     if (r.value("rank", -1) == rank) r = rank_json;
@@ -221,10 +230,10 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
     if (!spec.ok()) return InvalidArgument(spec.status().message());
     normalized = ToJson(*spec);
   }
-  if (normalized != (trainer ? trainer_json_ : inference_json_))
+  if (normalized != planned_json)
     return FailedPrecondition(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
                               ": metadata differs from the plan this controller serves (plan " +
-                              plan_id_ +
+                              plan_->plan_id +
                               "); the plan is static: restart the controller with a fresh "
                               "--state-dir and every agent to plan again");
   Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
@@ -370,18 +379,22 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
   }
   auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
   if (auto it = cache.find(rank); it != cache.end()) return json::parse(it->second);
+  // Extract without the lock: the plan is immutable and shared.
+  const std::shared_ptr<const PlanState> plan = plan_;
+  lock.unlock();
   json slice = {{"schema", "wsync.plan_slice/v1"},
                 {"role", RoleName(role)},
                 {"rank", rank},
-                {"plan_id", plan_id_}};
+                {"plan_id", plan->plan_id}};
   if (role == Role::kTrainer) {
-    StatusOr<TrainerRankPlan> plan = ExtractTrainerRankPlan(table_, trainer_spec_, inference_spec_, rank);
-    if (!plan.ok()) return Internal("trainer rank " + std::to_string(rank) + ": " + plan.status().message());
-    slice["plan"] = ToJson(*plan);
+    StatusOr<TrainerRankPlan> rank_plan = ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank);
+    if (!rank_plan.ok())
+      return Internal("trainer rank " + std::to_string(rank) + ": " + rank_plan.status().message());
+    slice["plan"] = ToJson(*rank_plan);
   } else {
-    InferenceRankPlan plan = ExtractInferenceRankPlan(table_, rank);
+    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank);
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
-    for (const WriteOp& op : table_.ops) {
+    for (const WriteOp& op : plan->table.ops) {
       if (op.dst_rank != rank) continue;
       by_trainer[op.src_rank].first += 1;
       by_trainer[op.src_rank].second += op.bytes;
@@ -389,12 +402,14 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     json per = json::array();
     for (const auto& [src, wb] : by_trainer)
       per.push_back({{"rank", src}, {"writes", wb.first}, {"bytes", wb.second}});
-    slice["expected_writes"] = plan.write_bytes.size();
-    slice["expected_bytes"] = plan.bytes;
+    slice["expected_writes"] = rank_plan.write_bytes.size();
+    slice["expected_bytes"] = rank_plan.bytes;
     slice["writes_by_trainer"] = std::move(per);
-    slice["plan"] = ToJson(plan);
+    slice["plan"] = ToJson(rank_plan);
   }
-  cache[rank] = slice.dump();
+  std::string text = slice.dump();
+  lock.lock();
+  if (plan_ == plan) cache.emplace(rank, std::move(text));
   return slice;
 }
 

@@ -98,9 +98,6 @@ class Controller {
   Status LoadStateLocked() WSYNC_REQUIRES(mu_);
   // Tries to assemble and plan once every rank is registered.
   Status MaybePlanLocked() WSYNC_REQUIRES(mu_);
-  Status InstallPlanLocked(const TrainerSpec& trainer, const InferenceSpec& inference,
-                           const nlohmann::json& trainer_json,
-                           const nlohmann::json& inference_json) WSYNC_REQUIRES(mu_);
   // A registration after the plan exists: same metadata or FailedPrecondition.
   StatusOr<nlohmann::json> ReRegisterLocked(Role role, int32_t rank, const nlohmann::json& rank_json,
                                             const nlohmann::json* mesh_groups) WSYNC_REQUIRES(mu_);
@@ -145,15 +142,28 @@ class Controller {
   std::vector<ErrorRecord> errors_ WSYNC_GUARDED_BY(mu_);  // newest last, capped
   uint64_t registration_errors_ WSYNC_GUARDED_BY(mu_) = 0;
 
-  // The plan; set once (by the last registration or from the state dir).
+  // The plan and what it was made from. Immutable once built and shared, so
+  // per-rank slices are extracted without holding mu_ (tens of ms each at
+  // Kimi-K2 scale, and every agent asks at once).
+  struct PlanState {
+    TrainerSpec trainer;
+    InferenceSpec inference;
+    nlohmann::json trainer_json;    // normalized, for re-registration checks
+    nlohmann::json inference_json;
+    RoutingTable table;
+    PlanSummary summary;
+    std::string plan_id;
+  };
+  // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
+  StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
+                                                       const nlohmann::json& trainer_json,
+                                                       const nlohmann::json& inference_json,
+                                                       std::string* plan_text) const;
+  void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
+
+  // Set once (by the last registration or from the state dir).
   bool planned_ WSYNC_GUARDED_BY(mu_) = false;
-  TrainerSpec trainer_spec_ WSYNC_GUARDED_BY(mu_);
-  InferenceSpec inference_spec_ WSYNC_GUARDED_BY(mu_);
-  nlohmann::json trainer_json_ WSYNC_GUARDED_BY(mu_);    // normalized, for re-registration checks
-  nlohmann::json inference_json_ WSYNC_GUARDED_BY(mu_);
-  RoutingTable table_ WSYNC_GUARDED_BY(mu_);
-  PlanSummary summary_ WSYNC_GUARDED_BY(mu_);
-  std::string plan_id_ WSYNC_GUARDED_BY(mu_);
+  std::shared_ptr<const PlanState> plan_ WSYNC_GUARDED_BY(mu_);
   // Slices are built on first request and kept: every agent asks once, and
   // after a restart again.
   std::map<int32_t, std::string> trainer_slices_ WSYNC_GUARDED_BY(mu_);

@@ -51,14 +51,14 @@ json Controller::StatusJson() {
 
   json plan = nullptr;
   if (planned_) {
-    plan = {{"plan_id", plan_id_},
-            {"mesh_groups", table_.mesh_groups.size()},
-            {"sources", table_.sources.size()},
-            {"destinations", table_.destinations.size()},
-            {"ops", table_.ops.size()},
-            {"wire_bytes", summary_.wire_bytes},
-            {"dest_bytes", summary_.dest_bytes},
-            {"predicted_seconds", summary_.predicted_seconds}};
+    plan = {{"plan_id", plan_->plan_id},
+            {"mesh_groups", plan_->table.mesh_groups.size()},
+            {"sources", plan_->table.sources.size()},
+            {"destinations", plan_->table.destinations.size()},
+            {"ops", plan_->table.ops.size()},
+            {"wire_bytes", plan_->summary.wire_bytes},
+            {"dest_bytes", plan_->summary.dest_bytes},
+            {"predicted_seconds", plan_->summary.predicted_seconds}};
   }
   json versions = json::array();
   for (const auto& [v, r] : versions_.records()) versions.push_back(r.ToJson(now));
@@ -95,9 +95,9 @@ std::string Controller::MetricsText() {
   m.Gauge("wsync_world_assembly_failed", "1 if the world timeout passed without a full world.",
           !planned_ && world_timed_out_ ? 1 : 0);
   m.Gauge("wsync_plan_wire_bytes", "Bytes written over the network per update.",
-          planned_ ? static_cast<double>(summary_.wire_bytes) : 0);
+          planned_ ? static_cast<double>(plan_->summary.wire_bytes) : 0);
   m.Gauge("wsync_plan_writes", "Write operations per update.",
-          planned_ ? static_cast<double>(table_.ops.size()) : 0);
+          planned_ ? static_cast<double>(plan_->table.ops.size()) : 0);
   m.Family("wsync_versions_total", "counter", "Update versions that reached each state.");
   m.Sample("wsync_versions_total", "state=\"started\"", static_cast<double>(versions_.started_total()));
   m.Sample("wsync_versions_total", "state=\"complete\"", static_cast<double>(versions_.complete_total()));

@@ -1,6 +1,9 @@
 #include "controller/state_store.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +34,26 @@ StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path) {
   return std::optional<json>(std::move(j));
 }
 
+// Temp file + fsync + rename: readers see the old file or the new one.
+Status WriteTextAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return Internal(tmp + ": cannot open for writing: " + std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+                       ::fsync(::fileno(f)) == 0;
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || !written) {
+    std::remove(tmp.c_str());
+    return Internal(tmp + ": cannot write: " + std::strerror(written ? errno : write_errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rename_errno = errno;
+    std::remove(tmp.c_str());
+    return Internal("cannot rename " + tmp + " to " + path + ": " + std::strerror(rename_errno));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string StateStore::Path(const char* name) const { return dir_ + "/" + name; }
@@ -43,9 +66,9 @@ Status StateStore::Init() {
   return Status::Ok();
 }
 
-Status StateStore::SaveWorld(const PersistedWorld& world, const json& plan) {
+Status StateStore::SaveWorld(const PersistedWorld& world, const std::string& plan_text) {
   if (dir_.empty()) return Status::Ok();
-  WSYNC_RETURN_IF_ERROR(WriteJsonFile(plan, Path("plan.json"), -1));
+  WSYNC_RETURN_IF_ERROR(WriteTextAtomically(Path("plan.json"), plan_text + "\n"));
   json j = {{"schema", kStateSchema},
             {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
             {"plan_id", world.plan_id},

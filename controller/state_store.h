@@ -43,7 +43,8 @@ class StateStore {
   explicit StateStore(std::string dir) : dir_(std::move(dir)) {}
 
   Status Init();  // creates the dir
-  Status SaveWorld(const PersistedWorld& world, const nlohmann::json& plan);
+  // `plan_text`: the wsync.plan/v1 document, already serialized.
+  Status SaveWorld(const PersistedWorld& world, const std::string& plan_text);
   StatusOr<std::optional<PersistedWorld>> LoadWorld() const;
   Status SaveVersions(const PersistedVersions& versions);
   StatusOr<PersistedVersions> LoadVersions() const;
