@@ -121,6 +121,7 @@ Status Mapper::Resolve(const InferenceTensor& t, const TensorWhere& where,
     if (!conv->quant) return Status::Ok();
     const QuantRule& q = *conv->quant;
     const size_t nd = t.shape.size();
+    if (nd < 2) return InvalidArgument(where + ": fp8 tensor needs at least 2 dims for block scales");
     Shape want = t.shape;
     want[nd - 2] = (want[nd - 2] + q.block_rows - 1) / q.block_rows;
     want[nd - 1] = (want[nd - 1] + q.block_cols - 1) / q.block_cols;

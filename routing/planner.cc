@@ -108,7 +108,11 @@ Status Planner::BuildSources(RoutingTable* table) {
   std::vector<std::vector<bool>> gathered;
   for (const MeshGroupSpec& g : trainer_.mesh_groups) {
     group_index.emplace(g.name, static_cast<int32_t>(table->mesh_groups.size()));
-    const MeshView& mesh = meshes.at(g.mesh);
+    auto mesh_it = meshes.find(g.mesh);
+    if (mesh_it == meshes.end())
+      return InvalidArgument(opt_.trainer_source + ": mesh group '" + g.name + "': mesh '" + g.mesh +
+                             "' is reported by no rank");
+    const MeshView& mesh = mesh_it->second;
     MeshGroupInfo info{g.name, mesh.rank_at};
     std::sort(info.ranks.begin(), info.ranks.end());
     table->mesh_groups.push_back(std::move(info));
@@ -126,10 +130,14 @@ Status Planner::BuildSources(RoutingTable* table) {
     s.name = p.name;
     s.global_shape = p.global_shape;
     s.dtype = p.dtype;
-    s.mesh_group = group_index.at(p.mesh_group);
+    auto group_it = group_index.find(p.mesh_group);
+    if (group_it == group_index.end())
+      return InvalidArgument(opt_.trainer_source + ": rank " + std::to_string(catalog_.first_rank[i]) +
+                             ": tensor '" + p.name + "': mesh_group '" + p.mesh_group + "' is not in mesh_groups");
+    s.mesh_group = group_it->second;
     auto [it, inserted] = layout_index.emplace(PlacementKey(p), static_cast<int32_t>(layouts_.size()));
     if (inserted) {
-      auto layout = ComputeHolderLayout(p.global_shape, meshes.at(p.mesh), p.placements,
+      auto layout = ComputeHolderLayout(p.global_shape, meshes[p.mesh], p.placements,
                                         gathered[s.mesh_group]);
       if (!layout.ok())
         return InvalidArgument(opt_.trainer_source + ": rank " + std::to_string(catalog_.first_rank[i]) +
