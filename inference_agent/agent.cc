@@ -1,6 +1,8 @@
 #include "inference_agent/agent.h"
 
+#include <cstdio>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "inference_agent/descriptor_text.h"
@@ -13,6 +15,12 @@ namespace {
 constexpr size_t kKeptVersions = 1024;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string Fixed3(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", x);
+  return buf;
+}
 
 }  // namespace
 
@@ -106,7 +114,7 @@ Status InferenceAgent::BeginVersion(uint64_t v, Clock::time_point deadline) {
     expected = arrivals_;
   }
   Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": expecting " +
-      std::to_string(expected) + " immediates within " + std::to_string(Seconds(deadline - now)) + " s");
+      std::to_string(expected) + " immediates within " + Fixed3(Seconds(deadline - now)) + " s");
   const uint32_t imm = static_cast<uint32_t>(v);
   Status s = engine_->Expect(
       imm, expected, [this, v, now](const Status& st) { OnVersionDone(v, now, st); }, deadline);
@@ -117,25 +125,49 @@ Status InferenceAgent::BeginVersion(uint64_t v, Clock::time_point deadline) {
   return Status::Ok();
 }
 
+bool InferenceAgent::AbandonVersion(uint64_t v, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (begun_.count(v) == 0 || finished_.count(v) != 0) return false;
+    if (!abandoned_.emplace(v, why).second) return false;
+  }
+  store_.MarkFailed(v);
+  Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
+      ": failed elsewhere (" + why + "); it will not be marked complete here");
+  return true;
+}
+
 void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status) {
   VersionOutcome out;
   out.version = v;
   out.seconds = Seconds(Clock::now() - begun);
   std::string line = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
+  std::optional<std::string> abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = begun_.find(v);
     out.expected = it == begun_.end() ? 0 : it->second;
+    auto a = abandoned_.find(v);
+    if (a != abandoned_.end()) {
+      abandoned = a->second;
+      abandoned_.erase(a);
+    }
   }
-  if (status.ok()) {
+  if (status.ok() && abandoned) {
+    // Every write landed, but the version had already failed: announcing
+    // it now would contradict the controller.
+    out.status = Aborted("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
+                         ": every write landed after the version had failed (" + *abandoned + "); not marked complete");
+    line += ": landed after it failed; not marked complete";
+  } else if (status.ok()) {
     // Every arrival of v was counted, and a write's data is in memory before
     // its arrival is: now, and only now, the engine may see v.
     const bool moved = store_.MarkComplete(v);
     out.status = Status::Ok();
-    line += ": complete, " + std::to_string(out.expected) + " immediates in " + std::to_string(out.seconds) + " s";
+    line += ": complete, " + std::to_string(out.expected) + " immediates in " + Fixed3(out.seconds) + " s";
     if (!moved) line += " (older than the current complete version, which stays)";
   } else {
-    store_.MarkFailed(v);
+    if (!abandoned) store_.MarkFailed(v);
     out.status = status.WithContext("inference rank " + std::to_string(rank_.rank) + ": version " +
                                     std::to_string(v) + " failed");
     line += ": failed: " + status.ToString();

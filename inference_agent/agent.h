@@ -9,7 +9,7 @@
 //
 // No receive calls and no copies on the data path: the engine's IMMCOUNTER
 // counts arrivals on its worker; the agent only reacts to the one callback
-// per version. Driven by InferenceAgentRunner (agent_runner.h) against the
+// per version. Driven by RunInferenceAgent (agent_runner.h) against the
 // controller, or by tests directly.
 //
 // Threads: every method may be called from any thread. Outcomes are
@@ -82,6 +82,13 @@ class InferenceAgent {
   Status BeginVersion(uint64_t v, Clock::time_point deadline);
   bool begun(uint64_t v) const;
 
+  // The controller failed `v` while this rank still waits for it (another
+  // rank failed, or its deadline passed): v must never become complete here,
+  // even if every write of it still lands. Marks it failed at once; the
+  // pending expect, when it ends, changes nothing but the outcome's message.
+  // Returns false (does nothing) unless v is pending and not yet abandoned.
+  bool AbandonVersion(uint64_t v, const std::string& why);
+
   // Outcomes in the order they happened, waiting up to `wait` for the first.
   std::vector<VersionOutcome> TakeOutcomes(std::chrono::milliseconds wait);
   // Waits up to `wait` for `v`'s outcome (does not take it from the queue).
@@ -106,6 +113,7 @@ class InferenceAgent {
   uint32_t arrivals_ = 0;                        // guarded by mu_
   std::map<uint64_t, uint32_t> begun_;           // v -> expected; guarded by mu_
   std::map<uint64_t, VersionOutcome> finished_;  // guarded by mu_ (recent only)
+  std::map<uint64_t, std::string> abandoned_;    // pending versions; guarded by mu_
   std::deque<VersionOutcome> outcomes_;          // guarded by mu_; not yet taken
   std::unique_ptr<transport::Engine> engine_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;

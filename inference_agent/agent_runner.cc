@@ -81,11 +81,18 @@ class Runner {
     const uint64_t complete = agent_.store().complete_version();
     for (const nlohmann::json& vj : status->value("versions", nlohmann::json::array())) {
       StatusOr<controller::VersionStatus> v = controller::ParseVersionStatus(vj);
-      if (!v.ok() || agent_.begun(v->version) || ignored_.count(v->version) != 0) continue;
+      if (!v.ok() || ignored_.count(v->version) != 0) continue;
+      if (agent_.begun(v->version)) {
+        if (v->failed()) agent_.AbandonVersion(v->version, FailureSummary(*v));
+        continue;
+      }
       if (complete != kNoVersion && v->version <= complete) continue;  // landed here before a restart
       if (v->finished()) {
-        // Failed before this rank heard of it: nothing to wait for.
-        Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller; not expecting it");
+        // Failed before this rank heard of it: nothing to wait for, but some
+        // of its writes may have landed, so the engine must hear of it.
+        if (v->failed()) agent_.store().MarkFailed(v->version);
+        Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller (" +
+            FailureSummary(*v) + "); not expecting it");
         ignored_.insert(v->version);
         if (ignored_.size() > 1024) ignored_.erase(ignored_.begin());
         continue;
@@ -100,22 +107,21 @@ class Runner {
     }
   }
 
+  // The client itself retries a refused connection (controller restarting).
   void Report(const VersionOutcome& out) {
-    // A controller that is briefly away should still hear the outcome.
-    for (int attempt = 0;; ++attempt) {
-      StatusOr<controller::VersionStatus> reply =
-          client_.ReportInferenceDone(out.version, agent_.rank().rank, out.status);
-      if (reply.ok()) {
-        Log("reported version " + std::to_string(out.version) + " " + (out.status.ok() ? "done" : "failed") +
-            "; controller says " + reply->state);
-        return;
-      }
-      const bool retry = reply.status().code() == StatusCode::kUnavailable && attempt < 3 && !stopped();
-      Log("reporting version " + std::to_string(out.version) + " failed" + (retry ? " (retrying)" : "") + ": " +
-          reply.status().message());
-      if (!retry) return;
-      std::this_thread::sleep_for(milliseconds(500));
+    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(out.version, agent_.rank().rank, out.status);
+    if (!reply.ok()) {
+      Log("reporting version " + std::to_string(out.version) + " failed: " + reply.status().message());
+      return;
     }
+    Log("reported version " + std::to_string(out.version) + " " + (out.status.ok() ? "done" : "failed") +
+        "; controller says " + reply->state);
+  }
+
+  static std::string FailureSummary(const controller::VersionStatus& v) {
+    if (v.failures.empty()) return "failed at the controller";
+    const controller::VersionFailure& f = v.failures.front();
+    return f.role + " rank " + std::to_string(f.rank) + ": " + f.error;
   }
 
   void Log(const std::string& line) const {

@@ -11,9 +11,13 @@
 //     const EngineTensor* t = view->Find("model.embed_tokens.weight");
 //     ... copy/bind t->data .. t->data + t->bytes ...
 //   }
-// The weights are single-buffered: bytes of the next version may land while
-// the engine reads. Read between updates (async RL pauses rollouts for the
-// update) and re-check complete_version after copying if unsure.
+// The store is single-buffered: bytes of the next version land while it is
+// being written, and a failed version may leave some of its writes behind.
+// So treat it as a landing zone: copy (or bind) the weights when
+// complete_version advances, before the next update starts (async RL
+// pauses for the update), and re-check complete_version after copying. If
+// failed_version is above complete_version, the bytes are a mix of the two:
+// keep serving what was copied and wait for the next complete version.
 #pragma once
 
 #include <fcntl.h>

@@ -167,8 +167,9 @@ bool WeightStore::MarkComplete(uint64_t v) {
 
 void WeightStore::MarkFailed(uint64_t v) {
   WeightStoreHeader* h = header();
+  const uint64_t current = Word(h->failed_version).load(std::memory_order_relaxed);
   Word(h->failed_versions).fetch_add(1, std::memory_order_relaxed);
-  Word(h->failed_version).store(v, std::memory_order_release);
+  if (current == kNoVersion || v > current) Word(h->failed_version).store(v, std::memory_order_release);
 }
 
 }  // namespace wsync::inference

@@ -60,8 +60,8 @@ class WeightStore {
   uint64_t failed_version() const;
 
   // Release stores. Call MarkComplete(v) only once every write of v has
-  // landed. complete_version never moves backwards: an older v than the
-  // current one only bumps the count (returns false).
+  // landed. Neither word moves backwards: an older v than the current one
+  // only bumps the count (MarkComplete returns false).
   bool MarkComplete(uint64_t v);
   void MarkFailed(uint64_t v);
 

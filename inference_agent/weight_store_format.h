@@ -58,7 +58,8 @@ struct WeightStoreHeader {
   // engine polling does not share a line with anything the agent writes.
   alignas(64) uint64_t complete_version;  // latest version fully landed
   uint64_t completed_versions;            // how many versions completed
-  uint64_t failed_version;                // latest version that failed
+  uint64_t failed_version;                // highest version that failed (its
+                                          // writes may have partly landed)
   uint64_t failed_versions;               // how many failed
 };
 static_assert(sizeof(WeightStoreHeader) <= kWeightStoreHeaderBytes);

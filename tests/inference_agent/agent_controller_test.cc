@@ -223,6 +223,29 @@ TEST_F(AgentWithControllerTest, UpdatesCompleteFailAndRecoverThroughTheControlle
   EXPECT_TRUE(v3->complete()) << v3->raw.dump();
   EXPECT_EQ(EngineReads(3), "ok");
 
+  // A trainer fails a version while its writes are in flight (v4: after the
+  // agent began expecting it; v5: before the agent even noticed it
+  // started). When every write lands anyway, it is still never announced.
+  for (uint64_t v : {4, 5}) {
+    ASSERT_TRUE(client_->StartVersion(v, 0).ok());
+    if (v == 4) {
+      ASSERT_EQ(Write(v, 0, writes_ - 1), "done");
+      std::this_thread::sleep_for(milliseconds(500));  // > the agent's poll interval
+    }
+    ASSERT_TRUE(client_->ReportFailure(v, controller::Role::kTrainer, 0, "trainer rank 0 killed").ok());
+    const std::string failed = "complete 3 failed " + std::to_string(v);
+    std::string words;
+    for (int i = 0; i < 100 && words != failed; ++i) {
+      std::this_thread::sleep_for(milliseconds(50));
+      words = Peek();
+    }
+    EXPECT_EQ(words, failed) << "the agent did not hear that version " << v << " failed";
+    ASSERT_EQ(Write(v, v == 4 ? writes_ - 1 : 0, writes_), "done");
+    std::this_thread::sleep_for(milliseconds(500));
+    EXPECT_EQ(Peek(), failed);
+    EXPECT_TRUE(client_->GetVersion(v)->failed());
+  }
+
   // SIGTERM ends the agent cleanly.
   agent_->Signal(SIGTERM);
   EXPECT_EQ(agent_->Wait(seconds(10)), 0);

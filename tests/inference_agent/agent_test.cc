@@ -234,6 +234,24 @@ TEST_P(InferenceAgentTest, VersionWithAMissingWriteFailsAndIsNeverComplete) {
   EXPECT_EQ(Peek(), Words(3, 2));
 }
 
+TEST_P(InferenceAgentTest, VersionFailedElsewhereIsNeverCompleteEvenIfItsWritesAllLand) {
+  ASSERT_TRUE(agent_->BeginVersion(1, Clock::now() + seconds(30)).ok());
+  ASSERT_EQ(WriteVersion(1, 0, kWrites.size()), "done");
+  ASSERT_TRUE(agent_->WaitVersion(1, seconds(10)).ok());
+
+  ASSERT_TRUE(agent_->BeginVersion(2, Clock::now() + seconds(30)).ok());
+  ASSERT_EQ(WriteVersion(2, 0, kWrites.size() - 1), "done");
+  EXPECT_TRUE(agent_->AbandonVersion(2, "trainer rank 3: killed"));
+  EXPECT_FALSE(agent_->AbandonVersion(2, "again"));
+  EXPECT_EQ(Peek(), Words(1, 2));  // the engine hears of the failure at once
+  ASSERT_EQ(WriteVersion(2, kWrites.size() - 1, kWrites.size()), "done");
+  StatusOr<VersionOutcome> out = agent_->WaitVersion(2, seconds(10));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_FALSE(out->status.ok());
+  EXPECT_NE(out->status.message().find("trainer rank 3: killed"), std::string::npos) << out->status.ToString();
+  EXPECT_EQ(Peek(), Words(1, 2));
+}
+
 TEST_P(InferenceAgentTest, ShutdownWithAVersionPendingMarksItFailedNotComplete) {
   StatusOr<EngineView> view = EngineView::Open(shm_name_);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
