@@ -306,6 +306,7 @@ int RunBench(const BenchOptions& o) {
     std::printf("wsync bench transport: provider %s, %u NIC(s), window %u, %s, %s\n", o.provider.c_str(), o.nics,
                 o.window, o.imm ? "write-with-immediate" : "plain writes",
                 o.small_pages ? "4 KiB pages" : "huge-page buffers");
+    std::printf("writer: %s\n", (*engine)->Describe().c_str());
     std::printf("ceiling: single-core memcpy of the same size, same run\n");
     std::printf("%-7s %9s %9s %11s %9s %9s %9s %7s\n", "pattern", "size", "GB/s", "ops/s", "p50_us", "p99_us",
                 "ceiling", "ratio");

@@ -159,6 +159,8 @@ class Engine {
   virtual const std::string& provider() const = 0;
   virtual uint32_t num_nics() const = 0;
   virtual const PeerAddress& local_address() const = 0;
+  // One line for logs: provider, NICs, where the worker runs.
+  virtual std::string Describe() const = 0;
 
   // Registers [data, data+length) on every NIC of this engine. `device` is
   // the CUDA ordinal for MemoryKind::kCuda.

@@ -27,20 +27,23 @@ hwloc_obj_t FindGpu(hwloc_topology_t topo, int gpu) {
 
 }  // namespace
 
-Status PinCurrentThread(int gpu, int core, std::string* where) {
+Status PinCurrentThread(const std::string& gpu_pci_bus_id, int gpu, int core, std::string* where) {
   *where = "not pinned";
-  if (gpu < 0 && core < 0) return Status::Ok();
+  if (gpu_pci_bus_id.empty() && gpu < 0 && core < 0) return Status::Ok();
   hwloc_topology_t raw = nullptr;
   if (hwloc_topology_init(&raw) != 0) return Internal("hwloc_topology_init failed");
   std::unique_ptr<hwloc_topology, TopologyCloser> topo(raw);
   hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(raw) != 0) return Internal(std::string("hwloc_topology_load: ") + strerror(errno));
   std::unique_ptr<hwloc_bitmap_s, BitmapFreer> set(hwloc_bitmap_alloc());
-  hwloc_obj_t gpu_obj = gpu >= 0 ? FindGpu(raw, gpu) : nullptr;
+  hwloc_obj_t gpu_obj = nullptr;
+  if (!gpu_pci_bus_id.empty()) gpu_obj = hwloc_get_pcidev_by_busidstring(raw, gpu_pci_bus_id.c_str());
+  if (gpu_obj == nullptr && gpu >= 0) gpu_obj = FindGpu(raw, gpu);
   if (gpu_obj != nullptr) {
     hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(raw, gpu_obj);
     hwloc_bitmap_copy(set.get(), local->cpuset);
-    *where = "core near GPU " + std::to_string(gpu);
+    *where = "core near GPU " + (gpu_pci_bus_id.empty() ? std::to_string(gpu) : gpu_pci_bus_id) + " (" +
+             hwloc_obj_type_string(local->type) + " " + std::to_string(local->logical_index) + ")";
   } else if (core >= 0) {
     hwloc_obj_t c = hwloc_get_obj_by_type(raw, HWLOC_OBJ_CORE, static_cast<unsigned>(core));
     if (c == nullptr)

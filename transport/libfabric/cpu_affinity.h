@@ -9,9 +9,10 @@
 
 namespace wsync::transport::fabric {
 
-// gpu >= 0: first core of the GPU's locality (hwloc OS device "cuda<gpu>"
-// or "nvml<gpu>"); when that GPU is unknown to hwloc, falls back to `core`.
-// core >= 0: that core. Both < 0: no pinning. `*where` describes the choice.
-Status PinCurrentThread(int gpu, int core, std::string* where);
+// GPU by PCI bus id (if given) or by ordinal (hwloc OS device "cuda<gpu>"
+// or "nvml<gpu>"): a core of the GPU's locality; when hwloc does not know
+// the GPU, falls back to `core`. core >= 0: that core. Nothing given: no
+// pinning. `*where` describes the choice.
+Status PinCurrentThread(const std::string& gpu_pci_bus_id, int gpu, int core, std::string* where);
 
 }  // namespace wsync::transport::fabric

@@ -59,7 +59,7 @@ DomainGroup::~DomainGroup() {
 }
 
 Status DomainGroup::Open() {
-  WSYNC_RETURN_IF_ERROR(PinCurrentThread(options_.gpu, options_.core, &pinned_where_));
+  WSYNC_RETURN_IF_ERROR(PinCurrentThread(options_.gpu_pci_bus_id, options_.gpu, options_.core, &pinned_where_));
   WSYNC_ASSIGN_OR_RETURN(InfoPtr info, ProbeProvider(options_));
   virtual_addressing_ = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   pages_per_op_ = static_cast<uint32_t>(std::clamp<size_t>(

@@ -24,7 +24,10 @@ StatusOr<FabricMr> FabricMr::Register(const FabricDomain& domain, void* data, ui
     attr.iface = FI_HMEM_SYSTEM;
   }
   fid_mr* mr = nullptr;
-  int ret = fi_mr_regattr(domain.domain(), &attr, 0, &mr);
+  // Device-only memory: lets shm move it GPU to GPU (CUDA IPC) instead of
+  // staging through host bounce buffers.
+  const uint64_t flags = kind == MemoryKind::kCuda ? FI_HMEM_DEVICE_ONLY : 0;
+  int ret = fi_mr_regattr(domain.domain(), &attr, flags, &mr);
   if (ret != 0)
     return FiError("fi_mr_regattr", ret,
                    std::to_string(length) + " bytes of " + (kind == MemoryKind::kCuda ? "CUDA" : "host") + " memory");

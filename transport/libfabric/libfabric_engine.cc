@@ -21,6 +21,10 @@ class LibfabricEngine final : public Engine {
   const std::string& provider() const override { return group_->provider(); }
   uint32_t num_nics() const override { return group_->num_nics(); }
   const PeerAddress& local_address() const override { return group_->address(); }
+  std::string Describe() const override {
+    return "libfabric " + group_->provider() + ", " + std::to_string(num_nics()) + " NIC(s), worker " +
+           group_->pinned_where();
+  }
   uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
   uint32_t ArrivalsPerPagedWrite(uint32_t pages) const override { return group_->ArrivalsPerPagedWrite(pages); }
 

@@ -24,6 +24,10 @@ struct LibfabricOptions {
   // (or gpu < 0) pin to `core` when core >= 0; otherwise do not pin.
   int gpu = -1;
   int core = -1;
+  // The GPU's PCI bus id ("0000:18:00.0", e.g. from cudaDeviceGetPCIBusId):
+  // found by hwloc's PCI discovery even where its CUDA/NVML plugins are
+  // missing. Preferred over `gpu` when set.
+  std::string gpu_pci_bus_id;
   // A SingleWrite at least this large is split evenly across all NICs.
   // Below it one NIC finishes sooner than splitting (measured: see
   // docs/transport.md).
