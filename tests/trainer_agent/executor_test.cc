@@ -267,6 +267,46 @@ TEST_P(ExecutorTest, MissingPeerFailsWithinTimeoutThenRecovers) {
   UpdateAndVerify(2);
 }
 
+// Inference rank 1 goes away before the update: every trainer rank that
+// writes to it fails the version with an error naming itself, the tensor and
+// the receiver, within the transport's operation timeout; the others finish
+// (collectives are not abandoned by a rank whose writes failed), so nobody
+// waits for a Gloo timeout. Nothing is reported done by a failing rank.
+TEST_P(ExecutorTest, DeadReceiverFailsTheWritersNamingIt) {
+  // libfabric 1.17's shm provider crashes (SIGSEGV in its progress path) when
+  // a peer endpoint of the same process is closed under it; a dead receiver
+  // is a network matter anyway, exercised over tcp.
+  if (GetParam() == "shm") GTEST_SKIP() << "needs a network provider";
+  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateExecutor(r, Options(64 << 20, milliseconds(60000))).ok());
+  fixture_->targets[1].region.reset();
+  fixture_->targets[1].engine.reset();
+  PublishVersion(1, testing::MakeFullWeights(1));
+  const auto t0 = Clock::now();
+  std::vector<StatusOr<VersionReport>> results = RunRanks(1, {0, 1, 2, 3});
+  EXPECT_LT(Clock::now() - t0, milliseconds(30000));
+  int failed = 0;
+  for (int r = 0; r < kTrainers; ++r) {
+    bool writes_to_1 = false;
+    for (const RankMeshGroup& g : fixture_->plans[r].groups) {
+      for (const RankSource& s : g.sources) {
+        for (const RankWrite& w : s.writes) writes_to_1 |= w.dst_rank == 1;
+      }
+    }
+    if (!writes_to_1) {
+      EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status().ToString();
+      continue;
+    }
+    ++failed;
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    const std::string& m = results[r].status().message();
+    EXPECT_NE(m.find("trainer rank " + std::to_string(r)), std::string::npos) << m;
+    EXPECT_NE(m.find("write to inference rank 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("tensor '"), std::string::npos) << m;
+    std::fprintf(stderr, "rank %d: %s\n", r, results[r].status().ToString().c_str());
+  }
+  EXPECT_GT(failed, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, ExecutorTest, ::testing::Values("shm", "tcp;ofi_rxm"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param == "shm" ? std::string("shm") : std::string("tcp");
