@@ -3,9 +3,10 @@
 // laid out exactly as the rank's wsync.inference/v1 entry says, so trainers
 // write each tensor's bytes at the spec's region + offset.
 //
-// Owned by the InferenceAgent, which registers regions() with the transport
-// and is the only writer of the version words. Engines read through
-// EngineView (engine_view.h), never through this class.
+// Created by the InferenceAgent (or by the engine, which then starts the
+// agent with --attach); the agent registers regions() with the transport and
+// is the only writer of the version words. Engines read through EngineView
+// (engine_view.h). Target wsync_weight_store: no transport dependency.
 #pragma once
 
 #include <cstdint>
