@@ -28,6 +28,10 @@ StatusOr<FabricMr> FabricMr::Register(const FabricDomain& domain, void* data, ui
   // staging through host bounce buffers.
   const uint64_t flags = kind == MemoryKind::kCuda ? FI_HMEM_DEVICE_ONLY : 0;
   int ret = fi_mr_regattr(domain.domain(), &attr, flags, &mr);
+  if (ret == -FI_ENOSYS && kind == MemoryKind::kCuda)
+    return FiError("fi_mr_regattr", ret,
+                   "CUDA memory: this libfabric was built without CUDA support (its FI_HMEM_CUDA interface is "
+                   "uninitialized); use a libfabric configured --with-cuda, e.g. the AWS EFA installer's");
   if (ret != 0)
     return FiError("fi_mr_regattr", ret,
                    std::to_string(length) + " bytes of " + (kind == MemoryKind::kCuda ? "CUDA" : "host") + " memory");
