@@ -87,17 +87,7 @@ class AgentWithControllerTest : public ::testing::Test {
     shm_name_ = "/wsync-test-cli-" + std::to_string(getpid());
     ASSERT_TRUE(WriteJsonFile(ToJson(Layout()), dir_ + "/inference.json").ok());
 
-    controller::ControllerOptions co;
-    co.trainers = 1;
-    co.inference = 1;
-    co.mapping = controller::IdentityMapping();
-    co.version_timeout_s = 3;
-    co.log = [](const std::string& line) { fprintf(stderr, "controller: %s\n", line.c_str()); };
-    auto c = controller::Controller::Create(co);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    controller_ = std::move(c).value();
-    server_ = std::make_unique<controller::HttpServer>(controller_.get(), controller::ServerOptions{});
-    ASSERT_TRUE(server_->Start().ok());
+    StartController(0);
     client_ = std::make_unique<controller::ControllerClient>("127.0.0.1", server_->port());
 
     agent_ = std::make_unique<ChildProcess>(std::vector<std::string>{
@@ -130,6 +120,23 @@ class AgentWithControllerTest : public ::testing::Test {
     ASSERT_EQ(writer_->ReadLine(), "ok");
     ASSERT_TRUE(writer_->Send(plan_line));
     ASSERT_EQ(writer_->ReadLine(), "ok");
+  }
+
+  void StartController(int port) {
+    controller::ControllerOptions co;
+    co.trainers = 1;
+    co.inference = 1;
+    co.mapping = controller::IdentityMapping();
+    co.version_timeout_s = 3;
+    co.state_dir = dir_ + "/state";
+    co.log = [](const std::string& line) { fprintf(stderr, "controller: %s\n", line.c_str()); };
+    auto c = controller::Controller::Create(co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    controller_ = std::move(c).value();
+    controller::ServerOptions so;
+    so.port = port;
+    server_ = std::make_unique<controller::HttpServer>(controller_.get(), so);
+    ASSERT_TRUE(server_->Start().ok());
   }
 
   void TearDown() override {
@@ -249,6 +256,28 @@ TEST_F(AgentWithControllerTest, UpdatesCompleteFailAndRecoverThroughTheControlle
   // SIGTERM ends the agent cleanly.
   agent_->Signal(SIGTERM);
   EXPECT_EQ(agent_->Wait(seconds(10)), 0);
+}
+
+TEST_F(AgentWithControllerTest, AgentCarriesOnAcrossAControllerRestart) {
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  ASSERT_EQ(Write(1, 0, writes_), "done");
+  auto v1 = Wait(1);
+  ASSERT_TRUE(v1.ok() && v1->complete()) << (v1.ok() ? v1->raw.dump() : v1.status().ToString());
+
+  // Down for a while (the agent's polls are refused), then back on the same
+  // port from its state dir, serving the same plan.
+  const int port = server_->port();
+  server_.reset();
+  controller_.reset();
+  std::this_thread::sleep_for(seconds(1));
+  StartController(port);
+
+  ASSERT_TRUE(client_->StartVersion(2, 0).ok());
+  ASSERT_EQ(Write(2, 0, writes_), "done");
+  auto v2 = Wait(2);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_TRUE(v2->complete()) << v2->raw.dump();
+  EXPECT_EQ(EngineReads(2), "ok");
 }
 
 TEST(InferenceAgentCommandTest, LayoutWithoutTheRankEndsTheAgentBeforeAnythingIsCreated) {
