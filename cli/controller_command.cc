@@ -30,6 +30,7 @@ struct ControllerCommandOptions {
   std::string mapping;
   double world_timeout_s = 300;
   double version_timeout_s = 300;
+  double heartbeat_timeout_s = 10;
   int threads = 0;
 };
 
@@ -57,6 +58,7 @@ int RunController(const ControllerCommandOptions& opt) {
   options.state_dir = opt.state_dir;
   options.world_timeout_s = opt.world_timeout_s;
   options.version_timeout_s = opt.version_timeout_s;
+  options.heartbeat_timeout_s = opt.heartbeat_timeout_s;
   options.log = LogLine;
   if (!opt.mapping.empty()) {
     StatusOr<MappingSpec> mapping = ParseMappingSpecFromFile(opt.mapping);
@@ -120,6 +122,9 @@ void AddControllerCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--version-timeout", opt->version_timeout_s,
                   "Seconds a version may take before it is marked failed")
+      ->capture_default_str();
+  cmd->add_option("--heartbeat-timeout", opt->heartbeat_timeout_s,
+                  "Seconds of silence after which a rank that sends heartbeats is lost (0: off)")
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
   cmd->callback([opt] { std::exit(RunController(*opt)); });

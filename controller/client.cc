@@ -254,6 +254,35 @@ StatusOr<VersionStatus> ControllerClient::WaitVersion(uint64_t version, Clock::t
   }
 }
 
+Status ControllerClient::Heartbeat(Role role, int32_t rank) {
+  ClientOptions quick = options_;
+  quick.retry_for_s = 0;
+  ControllerClient once(host_, port_, quick);
+  StatusOr<json> reply = once.SendJson("POST", "/v1/heartbeat", {{"role", RoleName(role)}, {"rank", rank}});
+  return reply.ok() ? Status::Ok() : reply.status();
+}
+
+HeartbeatSender::HeartbeatSender(ControllerClient client, Role role, int32_t rank, milliseconds interval) {
+  thread_ = std::thread([this, c = std::move(client), role, rank, interval]() mutable {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      c.Heartbeat(role, rank).IgnoreError();
+      lock.lock();
+      cv_.wait_for(lock, interval, [this] { return stop_; });
+    }
+  });
+}
+
+HeartbeatSender::~HeartbeatSender() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
 StatusOr<json> ControllerClient::GetStatus() { return SendJson("GET", "/v1/status", nullptr); }
 
 StatusOr<std::string> ControllerClient::GetMetrics() {

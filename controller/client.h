@@ -11,8 +11,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -106,6 +109,11 @@ class ControllerClient {
   // started is waited for too.
   StatusOr<VersionStatus> WaitVersion(uint64_t version, Clock::time_point deadline);
 
+  // Liveness: once a rank has sent one, the controller expects one at least
+  // every heartbeat_timeout_s (default 10 s) and otherwise fails the
+  // versions it has not finished, naming it. Not retried.
+  Status Heartbeat(Role role, int32_t rank);
+
   StatusOr<nlohmann::json> GetStatus();
   StatusOr<std::string> GetMetrics();
   bool Healthy();
@@ -134,5 +142,23 @@ class ControllerClient {
 };
 
 StatusOr<VersionStatus> ParseVersionStatus(const nlohmann::json& j);
+
+// Sends a heartbeat for (role, rank) every `interval` from its own thread
+// until destroyed. Failed beats are ignored: the controller may be
+// restarting, and a dead link is exactly what the timeout detects.
+class HeartbeatSender {
+ public:
+  HeartbeatSender(ControllerClient client, Role role, int32_t rank,
+                  std::chrono::milliseconds interval = std::chrono::milliseconds(1000));
+  ~HeartbeatSender();
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
 
 }  // namespace wsync::controller

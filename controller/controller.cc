@@ -200,6 +200,7 @@ void Controller::RecordErrorLocked(Role role, int32_t rank, const std::string& e
 }
 
 json Controller::RegisterReplyLocked(Role role, int32_t rank) {
+  SeenLocked(role, rank, Clock::now());  // a lost rank registering again has restarted
   const int32_t registered =
       planned_ ? options_.trainers + options_.inference
                : static_cast<int32_t>(trainers_.ranks().size() + inference_ranks_.size());
@@ -481,9 +482,15 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank) {
   const Clock::time_point now = Clock::now();
   TickLocked(now);
   WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kTrainer, rank));
+  SeenLocked(Role::kTrainer, rank, now);
   const bool known = versions_.Find(v) != nullptr;
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
-  if (!known) Log("version " + std::to_string(v) + " started by trainer rank " + std::to_string(rank));
+  if (!known) {
+    Log("version " + std::to_string(v) + " started by trainer rank " + std::to_string(rank));
+    // A version that starts while a rank is lost cannot complete: say so now.
+    for (const auto& [who, since] : lost_) FailVersionsOfLostLocked(who.first, who.second, LostReason(), now);
+    r = versions_.Find(v);
+  }
   return r->ToJson(now);
 }
 
@@ -492,6 +499,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   const Clock::time_point now = Clock::now();
   TickLocked(now);
   WSYNC_RETURN_IF_ERROR(CheckReportLocked(role, rank));
+  SeenLocked(role, rank, now);
   const VersionRecord* before = versions_.Find(v);
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
@@ -510,6 +518,7 @@ StatusOr<json> Controller::ReportFailure(uint64_t v, Role role, int32_t rank, co
   const Clock::time_point now = Clock::now();
   TickLocked(now);
   WSYNC_RETURN_IF_ERROR(CheckReportLocked(role, rank));
+  SeenLocked(role, rank, now);
   const VersionRecord* before = versions_.Find(v);
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
@@ -550,6 +559,7 @@ void Controller::TickLocked(Clock::time_point now) {
   std::vector<const VersionRecord*> expired = versions_.ExpireOverdue(now);
   for (const VersionRecord* r : expired) LogVersionLocked(*r);
   if (!expired.empty()) cv_.notify_all();
+  CheckLivenessLocked(now);
 }
 
 void Controller::Shutdown() {

@@ -40,6 +40,10 @@ struct ControllerOptions {
   std::string state_dir;         // "" keeps nothing across restarts
   double world_timeout_s = 300;  // after this without a full world: failed_to_assemble
   double version_timeout_s = 300;
+  // A rank that has sent a heartbeat and then stays silent this long is
+  // declared lost: every running version it has not finished fails, naming
+  // it. Ranks that never send heartbeats are not tracked. 0: off.
+  double heartbeat_timeout_s = 10;
   // One line per event (registration, plan, version finished, timeout).
   std::function<void(const std::string&)> log;
 };
@@ -66,6 +70,10 @@ class Controller {
   StatusOr<nlohmann::json> PlanSlice(Role role, int32_t rank, Clock::duration wait);
   // {"phase", "missing": {"trainer": [...], "inference": [...]}}
   nlohmann::json WorldSummary();
+
+  // Liveness (POST /v1/heartbeat): marks the rank alive; a lost rank that
+  // beats again is alive again (its agent restarted).
+  StatusOr<nlohmann::json> Heartbeat(Role role, int32_t rank);
 
   // Gloo rendezvous store. KvGet waits up to `wait` for the key; NotFound
   // after that.
@@ -114,6 +122,13 @@ class Controller {
   std::string PhaseLocked() const WSYNC_REQUIRES(mu_);
   Status CheckReportLocked(Role role, int32_t rank) const WSYNC_REQUIRES(mu_);
   void Log(const std::string& line) const;
+  // Liveness (controller/liveness.cc).
+  void SeenLocked(Role role, int32_t rank, Clock::time_point now) WSYNC_REQUIRES(mu_);
+  void CheckLivenessLocked(Clock::time_point now) WSYNC_REQUIRES(mu_);
+  // Fails every running version `who` has not finished; returns how many.
+  int FailVersionsOfLostLocked(Role role, int32_t rank, const std::string& why, Clock::time_point now)
+      WSYNC_REQUIRES(mu_);
+  std::string LostReason() const;
 
   // Set at construction, read-only afterwards.
   const ControllerOptions options_;
@@ -170,6 +185,10 @@ class Controller {
   std::map<int32_t, std::string> inference_slices_ WSYNC_GUARDED_BY(mu_);
 
   VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
+  // When each rank that sends heartbeats was last heard from, and the ranks
+  // declared lost (-> unix time).
+  std::map<std::pair<Role, int32_t>, Clock::time_point> last_seen_ WSYNC_GUARDED_BY(mu_);
+  std::map<std::pair<Role, int32_t>, double> lost_ WSYNC_GUARDED_BY(mu_);
   std::map<std::string, std::string> kv_ WSYNC_GUARDED_BY(mu_);
 };
 

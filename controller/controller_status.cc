@@ -65,7 +65,12 @@ json Controller::StatusJson() {
   json errors = json::array();
   for (const ErrorRecord& e : errors_)
     errors.push_back({{"unix", e.unix}, {"role", RoleName(e.role)}, {"rank", e.rank}, {"error", e.error}});
+  json lost = json::array();
+  for (const auto& [who, since] : lost_)
+    lost.push_back({{"role", RoleName(who.first)}, {"rank", who.second}, {"since_unix", since},
+                    {"error", LostReason()}});
   return {{"phase", PhaseLocked()},
+          {"lost", std::move(lost)},
           {"world", {{"trainers", options_.trainers}, {"inference", options_.inference}}},
           {"registered", {{"trainer", reg_trainers}, {"inference", reg_inference}}},
           {"missing",
@@ -110,6 +115,11 @@ std::string Controller::MetricsText() {
           versions_.last_update_seconds());
   m.Family("wsync_registration_errors_total", "counter", "Registrations rejected.");
   m.Sample("wsync_registration_errors_total", "", static_cast<double>(registration_errors_));
+  double lost_trainers = 0, lost_inference = 0;
+  for (const auto& [who, since] : lost_) (who.first == Role::kTrainer ? lost_trainers : lost_inference) += 1;
+  m.Family("wsync_lost_ranks", "gauge", "Ranks whose heartbeats stopped, by role.");
+  m.Sample("wsync_lost_ranks", "role=\"trainer\"", lost_trainers);
+  m.Sample("wsync_lost_ranks", "role=\"inference\"", lost_inference);
   m.Gauge("wsync_kv_keys", "Keys in the rendezvous store.", static_cast<double>(kv_.size()));
   return m.Take();
 }

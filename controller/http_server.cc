@@ -125,6 +125,16 @@ void HttpServer::InstallRoutes() {
     SendJson(res, 409, body);
   });
 
+  s.Post("/v1/heartbeat", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return SendError(res, body.status());
+    std::optional<Role> role = ParseRole(body->value("role", std::string()));
+    StatusOr<int32_t> rank = RankField(*body, req.path);
+    if (!role) return SendError(res, InvalidArgument("heartbeat: 'role' must be trainer or inference"));
+    if (!rank.ok()) return SendError(res, rank.status());
+    Send(res, c->Heartbeat(*role, *rank));
+  });
+
   // Gloo rendezvous store: raw values, long-polled reads, counters.
   s.Put(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
     c->KvSet(req.matches[1], req.body);

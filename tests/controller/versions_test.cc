@@ -108,6 +108,53 @@ TEST_F(ControllerTest, ReportsBeforeThePlanOrFromUnknownRanksAreRefused) {
   EXPECT_NE(v.status().message().find("inference rank 9"), std::string::npos);
 }
 
+TEST_F(ControllerTest, SilentRankIsLostAndItsRunningVersionFailsNamingIt) {
+  ControllerOptions o = Options();
+  o.heartbeat_timeout_s = 0.4;
+  StartServer(o);
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 0, Status::Ok()).ok());
+  {
+    // Trainer rank 1 beats for a while, then its agent "dies" mid-update.
+    HeartbeatSender beats(*client_, Role::kTrainer, 1, std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(client_->GetVersion(1)->state, "started");
+  }
+  StatusOr<VersionStatus> v = client_->WaitVersion(1, In(5));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->failed());
+  ASSERT_FALSE(v->failures.empty());
+  EXPECT_EQ(v->failures[0].role, "trainer");
+  EXPECT_EQ(v->failures[0].rank, 1);
+  EXPECT_NE(v->failures[0].error.find("no heartbeat"), std::string::npos) << v->failures[0].error;
+  json s = Status();
+  ASSERT_EQ(s["lost"].size(), 1u);
+  EXPECT_EQ(s["lost"][0]["rank"], 1);
+
+  // While it is lost, a new version fails at once; once it is back (its
+  // agent restarted and registered again), the next version completes.
+  StatusOr<VersionStatus> doomed = client_->StartVersion(2, 0);
+  ASSERT_TRUE(doomed.ok());
+  EXPECT_TRUE(doomed->failed());
+  ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(1)).ok());
+  EXPECT_EQ(Status()["lost"], json::array());
+  ASSERT_TRUE(client_->StartVersion(3, 0).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(3, 0, Status::Ok()).ok());
+  EXPECT_TRUE(client_->ReportInferenceDone(3, 1, Status::Ok())->complete());
+}
+
+TEST_F(ControllerTest, RanksThatNeverBeatAreNotDeclaredLost) {
+  ControllerOptions o = Options();
+  o.heartbeat_timeout_s = 0.2;
+  StartServer(o);
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 0, Status::Ok()).ok());
+  EXPECT_TRUE(client_->ReportInferenceDone(1, 1, Status::Ok())->complete());
+}
+
 // The tracker on its own, with a clock the test controls.
 TEST(VersionTrackerTest, DeadlineIsCheckedEvenWhenTheLastReportArrivesLate) {
   VersionTracker t(/*trainers=*/1, /*inference=*/2, /*timeout_s=*/1.0);
