@@ -263,6 +263,31 @@ TEST_P(EngineTest, DeadPeerFailsWithinBoundedTime) {
   EXPECT_LT(Clock::now() - t0, seconds(10));
 }
 
+TEST_P(EngineTest, DeadPeerDoesNotBlockLivePeers) {
+  options_.op_timeout = milliseconds(1500);
+  ASSERT_NO_FATAL_FAILURE(StartEngine());
+  StartTarget("dead", 8 << 20, 1, 1000000);
+  StartTarget("live", 8 << 20, 2, 1);
+  RemoteMemory dead = Import("dead");
+  RemoteMemory live = Import("live");
+  peers_[0]->Kill();
+  std::vector<uint8_t> src = RandomBytes(18, 8 << 20);
+  auto region = RegisterOrDie(src);
+  // Enough writes to the dead peer to fill the NIC's in-flight cap.
+  std::vector<std::shared_ptr<std::promise<Status>>> dead_done;
+  for (int i = 0; i < 4; ++i) {
+    auto p = std::make_shared<std::promise<Status>>();
+    dead_done.push_back(p);
+    ASSERT_TRUE(engine_->Write({region.get(), 0, dead, 0, 8 << 20, 1u}, [p](const Status& s) { p->set_value(s); }).ok());
+  }
+  for (auto& p : dead_done) p->get_future().wait_for(seconds(10));
+  Status st = Await([&](Callback cb) { return engine_->Write({region.get(), 0, live, 0, 8 << 20, 2u}, cb); },
+                    seconds(10));
+  EXPECT_TRUE(st.ok()) << "a live peer's write after a dead peer's timed out: " << st.ToString();
+  ASSERT_EQ(Result("live"), "ok");
+  EXPECT_TRUE(TargetBytes("live") == std::string(src.begin(), src.end()));
+}
+
 TEST_P(EngineTest, StaleDescriptorIsReportedNotSilentlyWritten) {
   if (GetParam() != "shm")
     GTEST_SKIP() << "tcp;ofi_rxm 1.17 does not check the remote key of a deregistered region: "

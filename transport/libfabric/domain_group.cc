@@ -232,22 +232,43 @@ void DomainGroup::Accept(Request* r) {
 }
 
 bool DomainGroup::PostPending() {
+  // FIFO, but a request that cannot post (its NIC is full, its peer's queue
+  // returns FI_EAGAIN: a dead peer) does not hold back those behind it; the
+  // scan stops after a few blocked ones in a row to stay cheap.
+  constexpr uint32_t kMaxBlockedInARow = 8;
   bool posted = false;
-  while (pending_head_ != nullptr) {
-    Request* r = pending_head_;
+  uint32_t blocked_in_a_row = 0;
+  Request* prev = nullptr;
+  Request* r = pending_head_;
+  while (r != nullptr && blocked_in_a_row < kMaxBlockedInARow) {
+    bool blocked = false;
     while (!r->finished && r->posted_ops < r->total_ops) {
       int ret = PostOne(r);
-      if (ret == 0) return posted;  // back-pressure: retry after polling
-      posted = true;
+      if (ret == 0) {
+        blocked = true;
+        break;
+      }
       if (ret < 0) {
         r->total_ops = r->posted_ops;  // post nothing more; wait for what is out
         break;
       }
+      posted = true;
     }
+    Request* next = r->next_pending;
+    if (blocked && !r->finished) {
+      ++blocked_in_a_row;
+      prev = r;
+      r = next;
+      continue;
+    }
+    blocked_in_a_row = 0;
     if (r->finished) r->total_ops = r->posted_ops;  // timed out: stop posting
-    pending_head_ = r->next_pending;
-    if (pending_head_ == nullptr) pending_tail_ = nullptr;
-    MaybeFinish(r);
+    if (prev != nullptr) prev->next_pending = next;
+    else pending_head_ = next;
+    if (pending_tail_ == r) pending_tail_ = prev;
+    r->next_pending = nullptr;
+    MaybeFinish(r);  // may delete r
+    r = next;
   }
   return posted;
 }
@@ -330,6 +351,7 @@ int DomainGroup::PostOne(Request* r) {
       }
       ++inflight_[0];
       inflight_bytes_[0] += r->op_charge;
+      ++r->nic_ops[0];
       ++r->posted_ops;
       return 1;
     }
@@ -356,6 +378,7 @@ int DomainGroup::PostOne(Request* r) {
   }
   ++inflight_[nic];
   inflight_bytes_[nic] += r->op_charge;
+  ++r->nic_ops[nic];
   ++r->posted_ops;
   return 1;
 }
@@ -383,6 +406,7 @@ int DomainGroup::PostPages(Request* r, uint32_t nic, size_t first, size_t count)
   }
   ++inflight_[nic];
   inflight_bytes_[nic] += r->op_charge;
+  ++r->nic_ops[nic];
   ++r->posted_ops;
   return 1;
 }
@@ -421,8 +445,11 @@ long DomainGroup::Poll(uint32_t n) {
 }
 
 void DomainGroup::OnLocalCompletion(Request* r, uint32_t nic, const Status& error) {
-  --inflight_[nic];
-  inflight_bytes_[nic] -= r->op_charge;
+  if (!r->released) {
+    --inflight_[nic];
+    inflight_bytes_[nic] -= r->op_charge;
+    --r->nic_ops[nic];
+  }
   ++r->completed_ops;
   if (r->send_slot != UINT32_MAX) {
     free_send_slots_.push_back(r->send_slot);
@@ -471,6 +498,14 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
   for (Request* r = active_head_; r != nullptr; r = r->next_active) {
     if (r->finished || now < r->deadline) continue;
     r->finished = true;
+    // Its operations may never complete (dead peer): stop counting them
+    // against the NICs' caps so other peers' requests keep flowing.
+    for (uint32_t n = 0; n < nics_.size(); ++n) {
+      inflight_[n] -= r->nic_ops[n];
+      inflight_bytes_[n] -= uint64_t{r->nic_ops[n]} * r->op_charge;
+      r->nic_ops[n] = 0;
+    }
+    r->released = true;
     auto* notice = new Notice;
     notice->done = std::move(r->done);
     notice->status = DeadlineExceeded(

@@ -6,6 +6,7 @@
 // Notice to the callback thread and is deleted by the worker once drained.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -54,6 +55,8 @@ struct Request : Notice {
   uint64_t op_charge = 0;  // bytes each op counts against the in-flight cap
   uint32_t base_nic = 0;  // first NIC used; ops go round-robin from it
   bool finished = false;  // callback already handed off (timeout/error)
+  bool released = false;  // timed out: its ops no longer count against NIC caps
+  std::array<uint32_t, kMaxNics> nic_ops{};  // posted, not completed, per NIC
   Clock::time_point deadline;
   Request* next_pending = nullptr;  // partly-posted FIFO
   Request* prev_active = nullptr;   // in-flight list (deadline scan)
