@@ -35,6 +35,9 @@ void AddInferenceAgentCommand(CLI::App& app) {
   cmd->add_option("--plan-timeout", flags->plan_timeout_s,
                   "seconds to wait for every rank to register (0: until stopped)")
       ->capture_default_str();
+  cmd->add_option("--poll-ms", flags->poll_ms,
+                  "how often to ask the controller for started versions, ms (only delays updates shorter than it)")
+      ->capture_default_str();
   cmd->callback([flags] {
     const int rc = inference::RunInferenceAgentCommand(*flags);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -124,6 +125,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   AgentRunnerOptions run;
   run.version_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.version_timeout_s * 1000));
   run.plan_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.plan_timeout_s * 1000));
+  run.poll_interval = std::chrono::milliseconds(std::max(1, flags.poll_ms));
   run.log = LogLine;
   run.on_registered = [] { std::cout << "ready" << std::endl; };
   Status s = RunInferenceAgent(**agent, *client, run, signals.stop);

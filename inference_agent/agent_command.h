@@ -30,6 +30,7 @@ struct InferenceAgentFlags {
   bool keep_shm = false;         // leave a created store's name at exit (to --attach later)
   double version_timeout_s = 300;
   double plan_timeout_s = 0;     // 0: wait for the world until stopped
+  int poll_ms = 100;             // how often the controller is asked for started versions
 };
 
 // This rank's entry of the layout file or of the generated specs. One line
