@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <set>
-#include <thread>
 #include <vector>
 
 namespace wsync::inference {
