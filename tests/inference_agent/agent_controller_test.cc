@@ -141,7 +141,12 @@ class AgentWithControllerTest : public ::testing::Test {
 
   void TearDown() override {
     writer_.reset();
+    if (agent_ != nullptr) {
+      agent_->Signal(SIGTERM);  // lets it remove its weight store
+      agent_->Wait(seconds(10));
+    }
     agent_.reset();
+    shm_unlink(shm_name_.c_str());  // in case it could not
     server_.reset();
     controller_.reset();
     std::filesystem::remove_all(dir_);

@@ -90,7 +90,7 @@ class InferenceAgentTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     static int counter = 0;
-    shm_name_ = "/wsync-test-agent-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    shm_name_ = "/wsync-test-infer-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     options_.provider = GetParam().provider;
     options_.num_nics = GetParam().nics;
     options_.split_threshold = kSplit;
@@ -270,7 +270,7 @@ INSTANTIATE_TEST_SUITE_P(Providers, InferenceAgentTest,
                          });
 
 TEST(InferenceAgentSetupTest, PlanOfAnotherRankAndVersionBeforePlanAreRefused) {
-  StatusOr<WeightStore> store = WeightStore::Create("/wsync-test-agent-setup-" + std::to_string(getpid()), TestRank());
+  StatusOr<WeightStore> store = WeightStore::Create("/wsync-test-infer-setup-" + std::to_string(getpid()), TestRank());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   transport::fabric::LibfabricOptions options;
   auto engine = transport::fabric::CreateLibfabricEngine(options);
