@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "inference_agent/descriptor_text.h"
 #include "inference_agent/engine_view.h"
 #include "tests/inference_agent/child_process.h"
 #include "tests/inference_agent/test_roles.h"
@@ -283,6 +284,25 @@ TEST(InferenceAgentSetupTest, PlanOfAnotherRankAndVersionBeforePlanAreRefused) {
   Status s = (*agent)->SetPlan(other);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("rank 3"), std::string::npos) << s.ToString();
+}
+
+TEST(InferenceAgentSetupTest, EveryRegionIsRegisteredAndPublishedWithItsOwnDescriptor) {
+  InferenceRank rank = TestRank();
+  rank.regions.push_back({"scales", 8192, ""});
+  rank.tensors[2].scale->where = {"scales", 0};
+  StatusOr<WeightStore> store = WeightStore::Create("/wsync-test-infer-regions-" + std::to_string(getpid()), rank);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto engine = transport::fabric::CreateLibfabricEngine(transport::fabric::LibfabricOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto agent = InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), rank);
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_EQ((*agent)->rank().regions.size(), 2u);
+  for (const MemoryRegion& r : (*agent)->rank().regions) {
+    StatusOr<transport::MemoryDescriptor> d = DescriptorFromText(r.descriptor);
+    ASSERT_TRUE(d.ok()) << r.id << ": " << d.status().ToString();
+    EXPECT_EQ(d->length, r.size) << r.id;
+  }
+  EXPECT_NE((*agent)->rank().regions[0].descriptor, (*agent)->rank().regions[1].descriptor);
 }
 
 }  // namespace
