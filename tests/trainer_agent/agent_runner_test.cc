@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -35,16 +36,10 @@ class AgentRunnerTest : public ::testing::Test {
     auto f = testing::MakeUpdateFixture("shm");
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     fixture_ = std::move(f).value();
-    controller::ControllerOptions co;
-    co.trainers = kTrainers;
-    co.inference = kInference;
-    co.mapping = fixture_->mapping;
-    co.version_timeout_s = 60;
-    auto c = controller::Controller::Create(co);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    controller_ = std::move(c).value();
-    server_ = std::make_unique<controller::HttpServer>(controller_.get(), controller::ServerOptions{});
-    ASSERT_TRUE(server_->Start().ok());
+    state_dir_ = std::filesystem::temp_directory_path() / ("wsync-ta-state-" + std::to_string(getpid()));
+    std::filesystem::remove_all(state_dir_);
+    std::filesystem::create_directories(state_dir_);
+    StartController(0);
     client_ = std::make_unique<controller::ControllerClient>("127.0.0.1", server_->port());
     for (const InferenceRank& r : fixture_->inference.ranks) {
       auto reg = client_->RegisterInference(r);
@@ -73,6 +68,61 @@ class AgentRunnerTest : public ::testing::Test {
     server_.reset();
     controller_.reset();
     fixture_.reset();
+    std::filesystem::remove_all(state_dir_);
+  }
+
+  // A controller persisting to state_dir_, on `port` (0: any free one).
+  void StartController(int port) {
+    controller::ControllerOptions co;
+    co.trainers = kTrainers;
+    co.inference = kInference;
+    co.mapping = fixture_->mapping;
+    co.version_timeout_s = 60;
+    co.state_dir = state_dir_.string();
+    auto c = controller::Controller::Create(co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    controller_ = std::move(c).value();
+    controller::ServerOptions so;
+    so.port = port;
+    server_ = std::make_unique<controller::HttpServer>(controller_.get(), so);
+    ASSERT_TRUE(server_->Start().ok());
+  }
+
+  // One update on all agents that must complete and land bit for bit.
+  void UpdateAndVerify(uint64_t v) {
+    const testing::FullWeights full = testing::MakeFullWeights(v);
+    std::vector<std::future<Status>> landed;
+    for (int i = 0; i < kInference; ++i) {
+      std::fill(fixture_->targets[i].memory.begin(), fixture_->targets[i].memory.end(), testing::kFill);
+      auto promise = std::make_shared<std::promise<Status>>();
+      landed.push_back(promise->get_future());
+      ASSERT_TRUE(fixture_->targets[i]
+                      .engine
+                      ->Expect(static_cast<uint32_t>(v), fixture_->expected_arrivals[i],
+                               [promise](const Status& s) { promise->set_value(s); }, Clock::now() + milliseconds(60000))
+                      .ok());
+    }
+    Publish(v, full);
+    // The trainer side: wait until the agent no longer reads this version.
+    for (int r = 0; r < kTrainers; ++r) {
+      Status s = exports_[r]->WaitReadsDone(v, milliseconds(60000));
+      ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+      EXPECT_LT(exports_[r]->failed_version(), v);
+    }
+    for (int i = 0; i < kInference; ++i) {
+      Status s = landed[i].get();
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(fixture_->targets[i].memory == testing::ExpectedRegion(i, full, fixture_->region_bytes))
+          << "inference rank " << i << " version " << v;
+      ASSERT_TRUE(client_->ReportInferenceDone(v, i, Status::Ok()).ok());
+    }
+    const auto deadline = Clock::now() + milliseconds(30000);
+    while (ResultsFor(v) < kTrainers && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_EQ(ResultsFor(v), static_cast<size_t>(kTrainers));
+    StatusOr<controller::VersionStatus> status = client_->WaitVersion(v, Clock::now() + milliseconds(10000));
+    ASSERT_TRUE(status.ok()) << status.status().ToString();
+    EXPECT_TRUE(status->complete()) << status->raw.dump();
+    EXPECT_EQ(status->trainer_done, (std::vector<int32_t>{0, 1, 2, 3}));
   }
 
   TrainerAgentOptions Options(int r) {
@@ -122,6 +172,7 @@ class AgentRunnerTest : public ::testing::Test {
   std::unique_ptr<controller::Controller> controller_;
   std::unique_ptr<controller::HttpServer> server_;
   std::unique_ptr<controller::ControllerClient> client_;
+  std::filesystem::path state_dir_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<ShardExport>> exports_;
   std::vector<std::unique_ptr<transport::Engine>> engines_;
@@ -134,41 +185,21 @@ class AgentRunnerTest : public ::testing::Test {
 
 TEST_F(AgentRunnerTest, PublishedVersionsReachTheReceiversAndTheController) {
   for (int r = 0; r < kTrainers; ++r) StartAgent(r, names_[r]);
-  for (uint64_t v = 1; v <= 2; ++v) {
-    const testing::FullWeights full = testing::MakeFullWeights(v);
-    std::vector<std::future<Status>> landed;
-    for (int i = 0; i < kInference; ++i) {
-      std::fill(fixture_->targets[i].memory.begin(), fixture_->targets[i].memory.end(), testing::kFill);
-      auto promise = std::make_shared<std::promise<Status>>();
-      landed.push_back(promise->get_future());
-      ASSERT_TRUE(fixture_->targets[i]
-                      .engine
-                      ->Expect(static_cast<uint32_t>(v), fixture_->expected_arrivals[i],
-                               [promise](const Status& s) { promise->set_value(s); }, Clock::now() + milliseconds(60000))
-                      .ok());
-    }
-    Publish(v, full);
-    // The trainer side: wait until the agent no longer reads this version.
-    for (int r = 0; r < kTrainers; ++r) {
-      Status s = exports_[r]->WaitReadsDone(v, milliseconds(60000));
-      ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
-      EXPECT_EQ(exports_[r]->failed_version(), 0u);
-    }
-    for (int i = 0; i < kInference; ++i) {
-      Status s = landed[i].get();
-      ASSERT_TRUE(s.ok()) << s.ToString();
-      EXPECT_TRUE(fixture_->targets[i].memory == testing::ExpectedRegion(i, full, fixture_->region_bytes))
-          << "inference rank " << i << " version " << v;
-      ASSERT_TRUE(client_->ReportInferenceDone(v, i, Status::Ok()).ok());
-    }
-    const auto deadline = Clock::now() + milliseconds(30000);
-    while (ResultsFor(v) < kTrainers && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
-    ASSERT_EQ(ResultsFor(v), static_cast<size_t>(kTrainers));
-    StatusOr<controller::VersionStatus> status = client_->WaitVersion(v, Clock::now() + milliseconds(10000));
-    ASSERT_TRUE(status.ok()) << status.status().ToString();
-    EXPECT_TRUE(status->complete()) << status->raw.dump();
-    EXPECT_EQ(status->trainer_done, (std::vector<int32_t>{0, 1, 2, 3}));
-  }
+  for (uint64_t v = 1; v <= 2; ++v) UpdateAndVerify(v);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [r, v, err] : results_) EXPECT_EQ(err, "") << "rank " << r << " version " << v;
+}
+
+// The controller restarts from its state dir between updates (same port):
+// the agents keep their plan and Gloo groups, and the next update completes.
+TEST_F(AgentRunnerTest, ControllerRestartBetweenUpdates) {
+  for (int r = 0; r < kTrainers; ++r) StartAgent(r, names_[r]);
+  UpdateAndVerify(1);
+  const int port = server_->port();
+  server_.reset();
+  controller_.reset();
+  StartController(port);
+  UpdateAndVerify(2);
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [r, v, err] : results_) EXPECT_EQ(err, "") << "rank " << r << " version " << v;
 }
