@@ -104,6 +104,14 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
   const RankSource& src = *sw.src;
   StageSeconds& t = report->seconds;
 
+  if (sw.need == 0) {
+    if (&sw == &work.back()) {
+      shards.ReadsDone(version);
+      report->reads_done_after = Since(run_start);
+    }
+    return Status::Ok();
+  }
+
   // 1. watermark
   auto t0 = Clock::now();
   bool waited = false;

@@ -151,6 +151,9 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     sw.writes.push_back(ww);
   }
   sw.need = at;
+  // Held whole with nothing to gather and nothing to send from here (a
+  // replicated tensor another rank writes): this rank has no work for it.
+  if (sw.gather_group < 0 && sw.writes.empty()) sw.need = sw.transient_bytes = 0;
   if (sw.need > options.watermark_bytes) {
     return InvalidArgument(where + " needs " + std::to_string(sw.need) + " bytes of temporary memory (gathered " +
                            std::to_string(sw.held_bytes) + ", staging " + std::to_string(sw.need - sw.transient_bytes) +
