@@ -16,6 +16,17 @@ namespace {
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 
+// First line a command prints ("" if it fails).
+std::string Output(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = popen((cmd + " 2>/dev/null").c_str(), "r")) {
+    char buf[256];
+    if (fgets(buf, sizeof(buf), f) != nullptr) out = buf;
+    pclose(f);
+  }
+  return out;
+}
+
 // Two namespaces a/b, veth between them, 198.18.0.1/30 and .2/30. Deleted
 // in the destructor (a namespace's deletion takes its veth end with it).
 class NetnsPair {
@@ -42,6 +53,7 @@ class NetnsPair {
   bool ok() const { return ok_; }
   const std::string& a() const { return a_; }
   const std::string& b() const { return b_; }
+  const std::string& veth_a() const { return veth_; }
 
  private:
   std::string a_, b_, veth_;
@@ -84,6 +96,10 @@ TEST(NetnsTest, TcpWriteCrossesVethBetweenNamespaces) {
     std::vector<uint8_t> expected = RandomBytes(kSeed, kBytes);
     EXPECT_TRUE(ReadFile(dir + "/t.bin").value_or("") == std::string(expected.begin(), expected.end()))
         << "bytes that crossed the veth differ from the payload";
+    // The payload really went over the veth (not some other path).
+    const std::string tx = Output("ip netns exec " + netns.a() + " cat /sys/class/net/" + netns.veth_a() +
+                                  "/statistics/tx_bytes");
+    EXPECT_GE(std::strtoull(tx.c_str(), nullptr, 10), kBytes) << "veth tx_bytes: " << tx;
   }
   std::filesystem::remove_all(dir);
 }
