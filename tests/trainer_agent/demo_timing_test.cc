@@ -2,13 +2,14 @@
 // 4 trainer ranks, fsdp 2 x ep 2, to 2 fp8 inference ranks at TP 2), ranks as
 // threads over shm. Not a check (a figure, measured on whatever CPU runs it):
 // disabled by default, run with
-//   trainer_agent_test --gtest_also_run_disabled_tests --gtest_filter='*DemoMoe*'
+//   [WSYNC_DEMO_WATERMARK_MIB=96] trainer_agent_test --gtest_also_run_disabled_tests --gtest_filter='*DemoMoe*'
 // The only assertions: every version succeeds, every planned byte is written,
 // temporary memory stays under the watermark.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -91,7 +92,8 @@ TEST(DemoMoeTiming, DISABLED_StageTimesPerRank) {
   std::vector<std::unique_ptr<transport::Engine>> engines;
   std::vector<std::unique_ptr<PlanExecutor>> executors;
   uint64_t plan_bytes = 0;
-  const uint64_t watermark = 256ull << 20;
+  const char* wm = std::getenv("WSYNC_DEMO_WATERMARK_MIB");
+  const uint64_t watermark = (wm ? std::strtoull(wm, nullptr, 10) : 256ull) << 20;
   for (int r = 0; r < trainers; ++r) {
     auto plan = ExtractTrainerRankPlan(*table, gen->trainer, gen->inference, r);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
