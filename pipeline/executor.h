@@ -31,10 +31,14 @@
 // Errors: Create refuses a plan it cannot run (a source needing more than the
 // watermark, a box outside what the rank holds, an unknown region, a dtype it
 // cannot produce) before anything starts. Run's failures (dead peer = Gloo
-// timeout, transport error, ranks on different versions) are one Status
-// naming the rank, MeshGroup and tensor; the version is not done then, and
-// ReadsDone is not signalled (the caller decides: trainer_agent marks it
-// failed). Callers: `wsync trainer-agent` and the tests.
+// timeout, transport error, a non-finite weight, ranks on different
+// versions) are one Status naming the rank, MeshGroup and tensor; the
+// version is not done then. A local failure (a write, a quantize) stops this
+// rank's writes but not its collectives, so its peers finish the version at
+// once instead of at a Gloo timeout, and ReadsDone still comes after the
+// last all-gather; a failed collective ends the version without ReadsDone
+// (trainer_agent then marks the version failed, which also releases the
+// trainer). Callers: `wsync trainer-agent` and the tests.
 #pragma once
 
 #include <chrono>

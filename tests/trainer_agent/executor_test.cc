@@ -267,6 +267,30 @@ TEST_P(ExecutorTest, MissingPeerFailsWithinTimeoutThenRecovers) {
   UpdateAndVerify(2);
 }
 
+// A trainer that diverged (a NaN in q) fails the version on every rank that
+// quantizes q, naming the tensor, while the collectives still run to the
+// end: nobody waits for a Gloo timeout, and the next version (finite again)
+// lands bit for bit on the same groups.
+TEST_P(ExecutorTest, NonFiniteWeightFailsTheVersionThenTheNextOneLands) {
+  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateExecutor(r, Options(64 << 20, milliseconds(60000))).ok());
+  testing::FullWeights bad = testing::MakeFullWeights(1);
+  bad.at("layers.0.q.weight")[300] = 0x7FC0;  // bf16 NaN
+  PublishVersion(1, bad);
+  const auto t0 = Clock::now();
+  std::vector<StatusOr<VersionReport>> results = RunRanks(1, {0, 1, 2, 3});
+  EXPECT_LT(Clock::now() - t0, milliseconds(20000));
+  int failed = 0;
+  for (int r = 0; r < kTrainers; ++r) {
+    if (results[r].ok()) continue;
+    ++failed;
+    const std::string& m = results[r].status().message();
+    EXPECT_NE(m.find("tensor 'layers.0.q.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("trainer rank " + std::to_string(r)), std::string::npos) << m;
+  }
+  EXPECT_GT(failed, 0);
+  UpdateAndVerify(2);
+}
+
 // Inference rank 1 goes away before the update: every trainer rank that
 // writes to it fails the version with an error naming itself, the tensor and
 // the receiver, within the transport's operation timeout; the others finish
