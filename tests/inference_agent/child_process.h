@@ -40,13 +40,20 @@ class ChildProcess {
   }
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
+  // Asks politely first: end of stdin (roles reading commands exit on it),
+  // then SIGTERM, then SIGKILL. A killed libfabric process leaves its shm
+  // provider files behind, and a later process that gets the same pid then
+  // fails to open its endpoint (fi_enable: EBUSY).
   ~ChildProcess() {
     if (to_child_ >= 0) close(to_child_);
-    if (from_child_ >= 0) close(from_child_);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
+    if (pid_ > 0 && Wait(std::chrono::seconds(5)) == -1) {
+      kill(pid_, SIGTERM);
+      if (Wait(std::chrono::seconds(5)) == -1) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+      }
     }
+    if (from_child_ >= 0) close(from_child_);
   }
 
   bool Send(const std::string& line) {
