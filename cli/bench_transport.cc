@@ -136,6 +136,7 @@ transport::fabric::LibfabricOptions EngineOptions(const BenchOptions& o) {
   while (read(in, &c, 1) > 0) {
   }
   region.reset();
+  if (engine.ok()) engine->reset();  // closes endpoints: shm removes its region
   _exit(0);
 }
 

@@ -242,7 +242,7 @@ TEST_P(EngineTest, DeadPeerFailsWithinBoundedTime) {
   ASSERT_NO_FATAL_FAILURE(StartEngine());
   StartTarget("t", 8 << 20, 1, 1000000);
   RemoteMemory dst = Import("t");
-  peers_.back()->Kill();
+  peers_.back()->KillHard();
   std::vector<uint8_t> src = RandomBytes(16, 8 << 20);
   auto region = RegisterOrDie(src);
   const auto t0 = Clock::now();
@@ -270,7 +270,7 @@ TEST_P(EngineTest, DeadPeerDoesNotBlockLivePeers) {
   StartTarget("live", 8 << 20, 2, 1);
   RemoteMemory dead = Import("dead");
   RemoteMemory live = Import("live");
-  peers_[0]->Kill();
+  peers_[0]->KillHard();
   std::vector<uint8_t> src = RandomBytes(18, 8 << 20);
   auto region = RegisterOrDie(src);
   // Enough writes to the dead peer to fill the NIC's in-flight cap.

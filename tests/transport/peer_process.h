@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,14 +31,30 @@ class PeerProcess {
   PeerProcess& operator=(const PeerProcess&) = delete;
   ~PeerProcess() { Kill(); }
 
-  void Kill() {
+  // Asks the process to exit (SIGTERM: it closes its endpoints, which
+  // removes its shm region), then SIGKILLs it after `grace`.
+  void Kill(std::chrono::milliseconds grace = std::chrono::milliseconds(3000)) {
     if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    if (Wait(grace) == -1) KillHard();
+  }
+
+  // Death without cleanup, as a crashed peer. Its shm regions (named
+  // wsync-<pid>-*) are removed so dead-peer tests leave nothing in /dev/shm.
+  void KillHard() {
+    if (pid_ <= 0) return;
+    const pid_t pid = pid_;
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
+    const std::string prefix = "wsync-" + std::to_string(pid) + "-";
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), ec);
+    }
   }
 
-  // Exit status, or -1 if still running after `timeout` (then killed).
+  // Exit status, or -1 if still running after `timeout`.
   int Wait(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (pid_ > 0) {
@@ -47,10 +64,7 @@ class PeerProcess {
         pid_ = -1;
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       }
-      if (std::chrono::steady_clock::now() > deadline) {
-        Kill();
-        return -1;
-      }
+      if (std::chrono::steady_clock::now() > deadline) return -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return -1;

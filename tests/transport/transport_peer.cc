@@ -12,6 +12,7 @@
 //     send_to=FILE seed=S          sender mode: write `bytes` seeded random bytes into
 //     send_imm=I                   the region FILE describes, with immediate I
 // Exit status 0 when everything it was asked to do succeeded.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,7 +38,13 @@ int Fail(const std::string& result_path, const std::string& what) {
 
 }  // namespace
 
+volatile sig_atomic_t g_terminate = 0;
+
 int main(int argc, char** argv) {
+  // SIGTERM ends the linger below so the engine is closed properly.
+  struct sigaction term {};
+  term.sa_handler = [](int) { g_terminate = 1; };
+  sigaction(SIGTERM, &term, nullptr);
   std::map<std::string, std::string> arg;
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
@@ -124,6 +131,8 @@ int main(int argc, char** argv) {
   WriteFileAtomically(result_path, "ok");
   // Stay reachable until the test has read the result (it kills us), so a
   // sender's late completions never meet a closed endpoint.
-  if (get("linger", "0") == "1") pause();
-  return 0;
+  if (get("linger", "0") == "1") {
+    while (!g_terminate) pause();
+  }
+  return 0;  // destructors close the endpoints (and remove shm regions)
 }
