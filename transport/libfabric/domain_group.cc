@@ -478,9 +478,9 @@ void DomainGroup::MatchRecvs() {
 }
 
 void DomainGroup::MaybeFinish(Request* r) {
+  // Not all posted (it is still in the partly-posted FIFO, which takes it
+  // out first) or not all completed.
   if (r->posted_ops < r->total_ops || r->completed_ops < r->posted_ops) return;
-  // Still in the partly-posted FIFO: PostPending takes it out first.
-  if (r->posted_ops < r->total_ops) return;
   UnlinkActive(r);
   if (r->finished) {
     delete r;
