@@ -10,6 +10,7 @@
 namespace wsync::cli {
 
 void AddPlanCommand(CLI::App& app);
+void AddDemoCommand(CLI::App& app);               // cli/demo_command.cc
 void AddControllerCommand(CLI::App& app);          // cli/controller_command.cc
 void AddTrainerAgentCommand(CLI::App& app);        // cli/trainer_agent_command.cc
 void AddInferenceAgentCommand(CLI::App& app);      // cli/inference_agent_command.cc

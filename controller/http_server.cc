@@ -190,6 +190,22 @@ void HttpServer::InstallRoutes() {
     res.set_content(c->MetricsText(), "text/plain; version=0.0.4");
   });
 
+  // A handler that throws (a bug) answers 500 naming what was thrown, so the
+  // agent's log says more than "HTTP 500".
+  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(json{{"error", req.method + " " + req.path + ": internal error: " + what}}.dump(
+                        -1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
+  });
+
   // Unknown routes and httplib's own errors still answer {"error": ...}.
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

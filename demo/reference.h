@@ -1,0 +1,41 @@
+// The independent reference for what an inference rank must hold after a
+// version: full synthetic weights -> fuse (as the mapping rule says) ->
+// quantize (fp8 reference kernel) -> slice (tensor-parallel / expert range).
+//
+// Deliberately shares nothing with the planner or the trainer pipeline: it
+// reads the mapping rule and evaluates it on whole tensors, the simple way.
+// Used by the demo and the integration tests to check every byte.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "routing/metadata.h"
+
+namespace wsync::demo {
+
+struct ExpectedTensor {
+  std::vector<uint8_t> weight;  // local shape, row-major, destination dtype
+  std::vector<uint8_t> scale;   // fp32 block scales (fp8 destinations only)
+};
+
+class Reference {
+ public:
+  // `trainer` supplies source tensor shapes (any rank's entry will do).
+  Reference(const TrainerSpec& trainer, const MappingSpec& mapping);
+
+  StatusOr<ExpectedTensor> Expected(const InferenceTensor& tensor, uint64_t version) const;
+
+ private:
+  struct SourceInfo {
+    Shape shape;
+    DType dtype;
+  };
+  std::unordered_map<std::string, SourceInfo> sources_;
+  const MappingSpec& mapping_;
+};
+
+}  // namespace wsync::demo
