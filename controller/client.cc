@@ -215,8 +215,11 @@ StatusOr<VersionStatus> ControllerClient::StartVersion(uint64_t version, int32_t
   return VersionCall(version, "start", {{"rank", trainer_rank}});
 }
 
-StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, int32_t rank, const Status& result) {
-  return VersionCall(version, "trainer_done", {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}});
+StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, int32_t rank, const Status& result,
+                                                            const nlohmann::json& stats) {
+  json body = {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}};
+  if (stats.is_object()) body["stats"] = stats;
+  return VersionCall(version, "trainer_done", body);
 }
 
 StatusOr<VersionStatus> ControllerClient::ReportInferenceDone(uint64_t version, int32_t rank,

@@ -99,7 +99,9 @@ class ControllerClient {
   StatusOr<VersionStatus> StartVersion(uint64_t version, int32_t trainer_rank);
   // `result` OK: reads done and writes posted; else the version fails with
   // its message.
-  StatusOr<VersionStatus> ReportTrainerDone(uint64_t version, int32_t rank, const Status& result);
+  // `stats`: the executor's report (stage seconds, bytes, peak temporary memory).
+  StatusOr<VersionStatus> ReportTrainerDone(uint64_t version, int32_t rank, const Status& result,
+                                            const nlohmann::json& stats = nullptr);
   // `result` OK: every expected immediate of `version` landed on this rank.
   StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result);
   StatusOr<VersionStatus> ReportFailure(uint64_t version, Role role, int32_t rank, const std::string& error);

@@ -494,7 +494,8 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank) {
   return r->ToJson(now);
 }
 
-StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool ok, const std::string& error) {
+StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool ok, const std::string& error,
+                                      const json& stats) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   TickLocked(now);
@@ -503,7 +504,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   const VersionRecord* before = versions_.Find(v);
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
-                         role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now)
+                         role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
                                                 : versions_.InferenceDone(v, rank, ok, error, now));
   if (!was_finished && r->finished()) {
     LogVersionLocked(*r);

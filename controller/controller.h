@@ -83,8 +83,9 @@ class Controller {
 
   // Versions; each returns the version object of docs/CONTROL_PLANE.md.
   StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank);
+  // `stats` (trainer only): the executor's report, shown in the version object.
   StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,
-                                      const std::string& error);
+                                      const std::string& error, const nlohmann::json& stats = nullptr);
   StatusOr<nlohmann::json> ReportFailure(uint64_t v, Role role, int32_t rank,
                                          const std::string& error);
   // Waits up to `wait` for the version to finish. NotFound if never seen.

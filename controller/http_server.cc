@@ -175,7 +175,7 @@ void HttpServer::InstallRoutes() {
            const Role role = action == "trainer_done" ? Role::kTrainer : Role::kInference;
            const json ok = body->value("ok", json(true));
            if (!ok.is_boolean()) return SendError(res, InvalidArgument(action + ": 'ok' must be true or false"));
-           Send(res, c->ReportDone(*v, role, *rank, ok.get<bool>(), error));
+           Send(res, c->ReportDone(*v, role, *rank, ok.get<bool>(), error, body->value("stats", json())));
          });
   s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<uint64_t> v = ParseVersion(req.matches[1]);

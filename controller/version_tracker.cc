@@ -41,6 +41,11 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
                       {"trainer_done", trainer_done},
                       {"inference_done", inference_done},
                       {"failures", std::move(failures_json)}};
+  if (!trainer_stats.empty()) {
+    nlohmann::json stats = nlohmann::json::object();
+    for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
+    j["trainer_stats"] = std::move(stats);
+  }
   if (finished()) {
     j["finished_unix"] = finished_unix;
     j["seconds"] = seconds;
@@ -85,10 +90,12 @@ StatusOr<const VersionRecord*> VersionTracker::Start(uint64_t v, Clock::time_poi
 
 StatusOr<const VersionRecord*> VersionTracker::TrainerDone(uint64_t v, int32_t rank, bool ok,
                                                            const std::string& error,
-                                                           Clock::time_point now) {
+                                                           Clock::time_point now,
+                                                           const nlohmann::json& stats) {
   WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
   if (!ok) return Fail(v, "trainer", rank, error.empty() ? "reported not ok" : error, now);
   r->trainer_done.insert(rank);
+  if (stats.is_object()) r->trainer_stats[rank] = stats;
   return static_cast<const VersionRecord*>(r);
 }
 

@@ -41,6 +41,9 @@ struct VersionRecord {
   std::set<int32_t> trainer_done;
   std::set<int32_t> inference_done;
   std::vector<RankFailure> failures;
+  // What each trainer rank reported with trainer_done (stage times, bytes,
+  // peak temporary memory), passed through as sent.
+  std::map<int32_t, nlohmann::json> trainer_stats;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
@@ -58,7 +61,8 @@ class VersionTracker {
   // Reports; an unknown version is started implicitly (a report may overtake
   // the start call). Reports on a finished version are recorded only.
   StatusOr<const VersionRecord*> TrainerDone(uint64_t v, int32_t rank, bool ok,
-                                             const std::string& error, Clock::time_point now);
+                                             const std::string& error, Clock::time_point now,
+                                             const nlohmann::json& stats = nullptr);
   StatusOr<const VersionRecord*> InferenceDone(uint64_t v, int32_t rank, bool ok,
                                                const std::string& error, Clock::time_point now);
   StatusOr<const VersionRecord*> Fail(uint64_t v, const std::string& role, int32_t rank,

@@ -236,9 +236,17 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
   const auto t0 = Clock::now();
   WSYNC_RETURN_IF_ERROR(Publish(version));
   WSYNC_ASSIGN_OR_RETURN(controller::VersionStatus v, WaitVersion(version, options_.version_timeout_s + 30));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  // Trainer reports (with their stage times) may trail the last inference
+  // report that completed the version by a moment.
+  for (int i = 0; i < 40 && v.complete() && v.trainer_done.size() < exports_.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    StatusOr<controller::VersionStatus> again = client_->GetVersion(version);
+    if (again.ok()) v = *again;
+  }
   UpdateReport report;
   report.version = version;
-  report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  report.seconds = seconds;
   for (const WriteOp& op : table_.ops) report.wire_bytes += op.bytes;
   report.gbps = report.seconds > 0 ? report.wire_bytes / report.seconds / 1e9 : 0;
   report.state = v.state;

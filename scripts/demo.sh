@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# README command one: runs wsync's main job on a built-in default.
-# Until the loopback sync demo lands, that is a dry-run plan of the reference case.
+# README command one: the local weight-sync demo. Builds wsync, then starts a
+# controller, 4 trainer agents and 2 inference agents as real processes,
+# moves a ~1 GB Qwen3-MoE-shaped model over libfabric (shm) on this machine
+# for several updates, and checks every inference byte after each one.
+# Extra arguments go to `wsync demo` (see `build/cli/wsync demo --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh >/dev/null
-exec build/cli/wsync plan examples/kimi-k2-256x128 "$@"
+exec build/cli/wsync demo "$@"

@@ -132,8 +132,21 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
       (*view)->MarkFailed(v);
       Log(options, "version " + std::to_string(v) + " failed: " + result.status().message());
     }
+    nlohmann::json stats = nullptr;
+    if (result.ok()) {
+      const StageSeconds& s = result->seconds;
+      stats = {{"stages", {{"copy", s.copy}, {"all_gather", s.all_gather}, {"quantize_pack", s.quantize_pack},
+                           {"post", s.post}, {"watermark_wait", s.watermark_wait}, {"wait_writes", s.wait_writes},
+                           {"barrier", s.barrier}, {"rendezvous", s.rendezvous}, {"total", s.total}}},
+               {"reads_done_after", result->reads_done_after},
+               {"written_bytes", result->written_bytes},
+               {"writes", result->writes},
+               {"watermark_waits", result->watermark_waits},
+               {"peak_temp_bytes", result->peak_temp_bytes},
+               {"watermark_bytes", result->watermark_bytes}};
+    }
     StatusOr<controller::VersionStatus> reported =
-        client.ReportTrainerDone(v, rank.rank, result.ok() ? Status::Ok() : result.status());
+        client.ReportTrainerDone(v, rank.rank, result.ok() ? Status::Ok() : result.status(), stats);
     if (!reported.ok()) {
       Log(options, "warning: could not report version " + std::to_string(v) + " to the controller: " +
                        reported.status().message());
