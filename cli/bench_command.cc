@@ -10,6 +10,7 @@ void AddBenchCommand(CLI::App& app) {
   bench->require_subcommand(1);
   AddBenchPlan(*bench);
   AddBenchTransport(*bench);
+  AddBenchCluster(*bench);
 }
 
 }  // namespace wsync::cli

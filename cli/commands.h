@@ -22,5 +22,6 @@ void AddLinkModelOptions(CLI::App& cmd, LinkModel* link);
 void AddBenchCommand(CLI::App& app);
 void AddBenchPlan(CLI::App& bench);       // cli/bench_plan.cc
 void AddBenchTransport(CLI::App& bench);  // cli/bench_transport.cc
+void AddBenchCluster(CLI::App& bench);    // cli/bench_cluster.cc
 
 }  // namespace wsync::cli

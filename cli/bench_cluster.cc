@@ -1,0 +1,238 @@
+// `wsync bench cluster`: one update on an emulated cluster (each host its own
+// network namespace, its link capped with tc tbf both ways) by wsync and by
+// the rank-0 baseline frameworks use today, in one run, against the
+// bytes-over-links limit. Needs root and iproute2 (demo/netns_cluster.h).
+//
+// Also `wsync bench rank0-peer` (hidden): one process of that baseline.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "demo/link_limit.h"
+#include "demo/local_sync.h"
+#include "demo/netns_cluster.h"
+#include "demo/rank0_baseline.h"
+#include "models/generate.h"
+
+namespace wsync::cli {
+namespace {
+
+constexpr double kTargetLimitRatio = 1.25;  // issue 4: wsync within 25% of the link limit
+
+struct BenchClusterOptions {
+  std::string cluster = "examples/demo-moe-4x2-hosts/cluster.json";
+  double rate_gbit = 2;
+  bool no_cap = false;
+  int updates = 2;
+  std::string provider = "tcp;ofi_rxm";
+  std::string work_dir;
+  std::string format = "text";
+  bool verify = true;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int Fail(const std::string& what, const Status& s) {
+  std::fprintf(stderr, "wsync bench cluster: %s: %s\n", what.c_str(), s.message().c_str());
+  return 1;
+}
+
+int RunBenchCluster(const BenchClusterOptions& opt) {
+  const bool text = opt.format == "text";
+  auto progress = [&](const std::string& line) {
+    std::fprintf(stderr, "[bench cluster] %s\n", line.c_str());
+  };
+  StatusOr<GeneratedSpecs> specs = GenerateFromClusterFile(opt.cluster);
+  if (!specs.ok()) return Fail(opt.cluster, specs.status());
+
+  // One namespace per host named in the specs: trainer hosts, then inference hosts.
+  std::map<std::string, int> host_index;
+  std::vector<std::string> host_names;
+  int trainer_hosts = 0;
+  auto add_host = [&](const std::string& h) {
+    if (host_index.emplace(h, static_cast<int>(host_names.size())).second) host_names.push_back(h);
+  };
+  for (const TrainerRank& r : specs->trainer.ranks) add_host(r.host);
+  trainer_hosts = static_cast<int>(host_names.size());
+  for (const InferenceRank& r : specs->inference.ranks) add_host(r.host);
+  const double rate = opt.no_cap ? 0 : opt.rate_gbit;
+  progress("creating " + std::to_string(host_names.size()) + " host namespaces" +
+           (rate > 0 ? ", links capped at " + std::to_string(rate) + " Gbit/s each way" : ", links uncapped"));
+  StatusOr<std::unique_ptr<demo::EmulatedCluster>> cluster =
+      demo::EmulatedCluster::Create({.hosts = static_cast<int>(host_names.size()), .rate_gbit = rate});
+  if (!cluster.ok()) return Fail("cannot emulate the cluster", cluster.status());
+  demo::EmulatedCluster& c = **cluster;
+  auto place = [&](const std::string& host) {
+    const int k = host_index.at(host);
+    return demo::HostPlacement{c.host_netns(k), c.host_address(k)};
+  };
+
+  demo::LocalSyncOptions so;
+  so.cluster = opt.cluster;
+  so.provider = opt.provider;
+  so.job = "bench" + std::to_string(getpid());
+  so.work_dir = opt.work_dir.empty() ? "/tmp/wsync-" + so.job : opt.work_dir;
+  so.controller = {c.switch_netns(), c.switch_address()};
+  for (const TrainerRank& r : specs->trainer.ranks) so.trainers.push_back(place(r.host));
+  for (const InferenceRank& r : specs->inference.ranks) so.inference.push_back(place(r.host));
+
+  // --- wsync ---
+  progress("starting wsync: controller, " + std::to_string(so.trainers.size()) + " trainer agents, " +
+           std::to_string(so.inference.size()) + " inference agents (" + opt.provider + ")");
+  std::vector<double> wsync_seconds;
+  uint64_t wire_bytes = 0;
+  demo::LinkLimit limit;
+  std::vector<uint64_t> inference_bytes;
+  std::string verified = "not verified";
+  uint64_t busiest_measured = 0;
+  std::string busiest_measured_where;
+  {
+    StatusOr<std::unique_ptr<demo::LocalSync>> sync = demo::LocalSync::Start(so);
+    if (!sync.ok()) return Fail("starting wsync", sync.status());
+    demo::LocalSync& s = **sync;
+    limit = demo::ComputeLinkLimit(s.table(), s.specs().trainer, s.specs().inference, opt.rate_gbit);
+    inference_bytes = demo::InferenceWireBytes(s.table(), s.specs().inference.ranks.size());
+    std::vector<uint64_t> tx0(host_names.size()), rx0(host_names.size());
+    for (int v = 1; v <= opt.updates + 1; ++v) {
+      if (v == 2) {
+        for (size_t k = 0; k < host_names.size(); ++k) tx0[k] = c.HostTxBytes(k), rx0[k] = c.HostRxBytes(k);
+      }
+      StatusOr<demo::UpdateReport> r = s.Update(static_cast<uint64_t>(v));
+      if (!r.ok()) return Fail("wsync update " + std::to_string(v), r.status());
+      if (r->state != "complete") return Fail("wsync update " + std::to_string(v), Internal(r->failure));
+      progress("wsync update " + std::to_string(v) + (v == 1 ? " (warm-up)" : "") + ": " +
+               std::to_string(r->seconds) + " s");
+      wire_bytes = r->wire_bytes;
+      if (v > 1) wsync_seconds.push_back(r->seconds);
+      if (v == opt.updates + 1 && opt.verify) {
+        Status vs = s.Verify(r->version, &*r);
+        if (!vs.ok()) return Fail("wsync update " + std::to_string(v) + " verification", vs);
+        verified = "verified bit for bit (" + std::to_string(r->verified_tensors) + " tensors)";
+      }
+    }
+    // What really crossed each host link (eth0 counters: payload plus TCP/IP
+    // headers and Gloo/control traffic), per timed update.
+    for (size_t k = 0; k < host_names.size(); ++k) {
+      const uint64_t tx = (c.HostTxBytes(k) - tx0[k]) / opt.updates, rx = (c.HostRxBytes(k) - rx0[k]) / opt.updates;
+      if (tx > busiest_measured) busiest_measured = tx, busiest_measured_where = host_names[k] + " egress";
+      if (rx > busiest_measured) busiest_measured = rx, busiest_measured_where = host_names[k] + " ingress";
+    }
+  }
+  const double wsync_s = Median(wsync_seconds);
+
+  // --- rank-0 baseline ---
+  progress("running the rank-0 baseline (gather to trainer rank 0, then rank 0 -> every inference rank)");
+  demo::Rank0BaselineOptions bo;
+  bo.binary = demo::SelfExecutable();
+  bo.provider = opt.provider;
+  bo.work_dir = so.work_dir;
+  bo.trainers = so.trainers;
+  bo.inference = so.inference;
+  bo.shard_bytes = demo::TrainerShardBytes(specs->trainer);
+  bo.inference_bytes = inference_bytes;
+  bo.rounds = opt.updates + 1;
+  StatusOr<demo::Rank0BaselineResult> base = demo::RunRank0Baseline(bo);
+  if (!base.ok()) return Fail("rank-0 baseline", base.status());
+  const double rank0_s = base->seconds;
+
+  uint64_t model_bytes = 0;
+  for (uint64_t b : bo.shard_bytes) model_bytes += b;
+  const double ratio = wsync_s > 0 ? rank0_s / wsync_s : 0;
+  const double limit_ratio = limit.seconds > 0 ? wsync_s / limit.seconds : 0;
+  if (!text) {
+    nlohmann::json hosts = nlohmann::json::object();
+    for (const auto& [name, b] : limit.hosts) {
+      hosts[name] = {{"write_egress_bytes", b.write_egress}, {"write_ingress_bytes", b.write_ingress},
+                     {"gather_egress_bytes", b.gather_egress}, {"gather_ingress_bytes", b.gather_ingress}};
+    }
+    nlohmann::json j = {
+        {"cluster", opt.cluster}, {"provider", opt.provider}, {"rate_gbit", rate}, {"capped", rate > 0},
+        {"bytes", wire_bytes}, {"model_bytes", model_bytes}, {"wsync_seconds", wsync_s},
+        {"wsync_update_seconds", wsync_seconds}, {"wsync_gbps", wsync_s > 0 ? wire_bytes / wsync_s / 1e9 : 0},
+        {"rank0_seconds", rank0_s}, {"rank0_round_seconds", base->round_seconds},
+        {"rank0_gathered_bytes", base->gathered_bytes}, {"rank0_sent_bytes", base->sent_bytes},
+        {"ratio", ratio}, {"trainer_hosts", trainer_hosts}, {"hosts", host_names.size()},
+        {"link_limit_seconds", limit.seconds}, {"link_limit_bytes", limit.busiest_bytes},
+        {"link_limit_busiest", limit.busiest}, {"wsync_over_limit", limit_ratio},
+        {"target_over_limit", kTargetLimitRatio}, {"measured_busiest_link_bytes", busiest_measured},
+        {"measured_busiest_link", busiest_measured_where}, {"verified", verified}, {"link_bytes", hosts}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("wsync bench cluster: %s on %zu emulated hosts (%d trainer, %zu inference), %s, links %s\n",
+              opt.cluster.c_str(), host_names.size(), trainer_hosts, host_names.size() - trainer_hosts,
+              opt.provider.c_str(), rate > 0 ? (std::to_string(rate) + " Gbit/s each way (tc tbf)").c_str() : "uncapped");
+  std::printf("  model        %.1f MB bf16 on the trainers; %.1f MB written into inference memory per update\n",
+              model_bytes / 1e6, wire_bytes / 1e6);
+  std::printf("  wsync        %.3f s  (%.3f GB/s; median of %d updates after 1 warm-up; %s)\n", wsync_s,
+              wsync_s > 0 ? wire_bytes / wsync_s / 1e9 : 0, opt.updates, verified.c_str());
+  std::printf("  rank-0       %.3f s  (gather %.1f MB into trainer rank 0, then it writes %.1f MB to the inference "
+              "ranks; median of %d rounds after 1 warm-up; same transport and links; no fuse/quantize charged, "
+              "which favours it)\n",
+              rank0_s, base->gathered_bytes / 1e6, base->sent_bytes / 1e6, opt.updates);
+  std::printf("  ratio        rank-0 / wsync = %.2fx   (trainer hosts: %d)\n", ratio, trainer_hosts);
+  if (limit.seconds > 0) {
+    std::printf("  link limit   %.3f s = %.1f MB over the busiest host link (%s) at %.2f Gbit/s\n", limit.seconds,
+                limit.busiest_bytes / 1e6, limit.busiest.c_str(), opt.rate_gbit);
+    std::printf("  wsync/limit  %.2f  (target <= %.2f)\n", limit_ratio, kTargetLimitRatio);
+  } else {
+    std::printf("  link limit   none (links uncapped: this measures the CPU)\n");
+  }
+  std::printf("  measured     %.1f MB per update crossed the busiest link (%s, eth0 counters incl. headers)\n",
+              busiest_measured / 1e6, busiest_measured_where.c_str());
+  std::printf("  limit model  per host and direction: the weight writes of its ranks, plus for full_tensor the part\n"
+              "               of each gathered box no rank on the host holds (received once, as a hierarchical\n"
+              "               all-gather would; inside a host the bytes stay off the link); payload bytes only\n");
+  for (const auto& [name, b] : limit.hosts) {
+    std::printf("    %-10s egress %8.1f MB (writes %.1f + gather %.1f)  ingress %8.1f MB (writes %.1f + gather %.1f)\n",
+                name.c_str(), b.egress() / 1e6, b.write_egress / 1e6, b.gather_egress / 1e6, b.ingress() / 1e6,
+                b.write_ingress / 1e6, b.gather_ingress / 1e6);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCluster(CLI::App& bench) {
+  auto opt = std::make_shared<BenchClusterOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "cluster", "wsync vs a rank-0 baseline on emulated hosts (netns + tc tbf), against the link limit (root)");
+  cmd->add_option("--cluster", opt->cluster, "cluster spec; each named host becomes a namespace")->capture_default_str();
+  cmd->add_option("--rate-gbit", opt->rate_gbit, "link cap per host and direction, Gbit/s")->capture_default_str();
+  cmd->add_flag("--no-cap", opt->no_cap, "leave the links uncapped (shows the CPU bound)");
+  cmd->add_option("--updates", opt->updates, "timed updates (after one warm-up), also baseline rounds")
+      ->capture_default_str();
+  cmd->add_option("--provider", opt->provider, "libfabric provider")->capture_default_str();
+  cmd->add_option("--work-dir", opt->work_dir, "logs");
+  cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check of the last update");
+  cmd->callback([opt] {
+    if (opt->updates < 1) {
+      std::fprintf(stderr, "wsync bench cluster: --updates must be at least 1\n");
+      std::exit(2);
+    }
+    std::exit(RunBenchCluster(*opt));
+  });
+
+  auto peer = std::make_shared<demo::Rank0PeerOptions>();
+  CLI::App* p = bench.add_subcommand("rank0-peer", "one process of the rank-0 baseline (used by bench cluster)");
+  p->group("");  // hidden
+  p->add_option("--role", peer->role)->required();
+  p->add_option("--rank", peer->rank)->required();
+  p->add_option("--dir", peer->dir)->required();
+  p->add_option("--provider", peer->provider);
+  p->add_option("--node", peer->node);
+  p->add_option("--shard-bytes", peer->shard_bytes)->delimiter(',')->required();
+  p->add_option("--inference-bytes", peer->inference_bytes)->delimiter(',')->required();
+  p->add_option("--chunk", peer->chunk);
+  p->add_option("--rounds", peer->rounds);
+  p->add_option("--timeout", peer->timeout_s);
+  p->callback([peer] { std::exit(demo::RunRank0Peer(*peer)); });
+}
+
+}  // namespace wsync::cli
