@@ -126,9 +126,10 @@ class Controller {
   // Liveness (controller/liveness.cc).
   void SeenLocked(Role role, int32_t rank, Clock::time_point now) WSYNC_REQUIRES(mu_);
   void CheckLivenessLocked(Clock::time_point now) WSYNC_REQUIRES(mu_);
-  // Fails every running version `who` has not finished; returns how many.
-  int FailVersionsOfLostLocked(Role role, int32_t rank, const std::string& why, Clock::time_point now)
-      WSYNC_REQUIRES(mu_);
+  // Fails the running versions `rank` has not finished, and names it on
+  // versions that failed after it went quiet (at `last_seen`); returns how many.
+  int FailVersionsOfLostLocked(Role role, int32_t rank, const std::string& why, Clock::time_point now,
+                               Clock::time_point last_seen = Clock::time_point::max()) WSYNC_REQUIRES(mu_);
   std::string LostReason() const;
 
   // Set at construction, read-only afterwards.

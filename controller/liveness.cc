@@ -54,16 +54,22 @@ void Controller::CheckLivenessLocked(Clock::time_point now) {
   for (const auto& [who, seen] : last_seen_) {
     if (now - seen <= timeout || lost_.count(who)) continue;
     lost_[who] = UnixNow();
-    const int failed = FailVersionsOfLostLocked(who.first, who.second, LostReason(), now);
+    const int failed = FailVersionsOfLostLocked(who.first, who.second, LostReason(), now, seen);
     Log(Who(who.first, who.second) + " " + LostReason() +
         (failed ? "; failed " + std::to_string(failed) + " running version(s)" : std::string()));
   }
 }
 
-int Controller::FailVersionsOfLostLocked(Role role, int32_t rank, const std::string& why, Clock::time_point now) {
+int Controller::FailVersionsOfLostLocked(Role role, int32_t rank, const std::string& why, Clock::time_point now,
+                                         Clock::time_point last_seen) {
+  // Running versions the rank has not finished fail now. Versions that
+  // already failed since the rank went quiet (its peers saw the broken link
+  // first, e.g. "lost a peer" from Gloo) get this rank named as the cause.
+  const double quiet_since_unix = UnixNow() - std::chrono::duration<double>(now - last_seen).count();
   std::vector<uint64_t> doomed;
   for (const auto& [v, r] : versions_.records()) {
-    if (r.finished()) continue;
+    if (r.state == VersionState::kComplete) continue;
+    if (r.finished() && r.finished_unix < quiet_since_unix) continue;
     const bool done = role == Role::kTrainer ? r.trainer_done.count(rank) > 0 : r.inference_done.count(rank) > 0;
     if (!done) doomed.push_back(v);
   }

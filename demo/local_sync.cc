@@ -112,14 +112,21 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
   WSYNC_RETURN_IF_ERROR(sync->StartController());
   sync->inference_agents_.resize(specs.inference.ranks.size());
   sync->trainer_agents_.resize(specs.trainer.ranks.size());
+  auto absent = [&](size_t r) {
+    return std::find(o.absent_inference.begin(), o.absent_inference.end(), static_cast<int32_t>(r)) !=
+           o.absent_inference.end();
+  };
   for (size_t r = 0; r < specs.inference.ranks.size(); ++r) {
-    WSYNC_RETURN_IF_ERROR(sync->StartInferenceAgent(static_cast<int32_t>(r), false));
+    if (!absent(r)) WSYNC_RETURN_IF_ERROR(sync->StartInferenceAgent(static_cast<int32_t>(r), false));
   }
   for (size_t r = 0; r < specs.trainer.ranks.size(); ++r) {
     WSYNC_RETURN_IF_ERROR(sync->StartTrainerAgent(static_cast<int32_t>(r)));
   }
+  if (!o.wait_ready) return sync;
   // Agents print "ready" once registered; the plan exists once all are.
-  for (ChildProcess& p : sync->inference_agents_) WSYNC_RETURN_IF_ERROR(p.WaitForLine("ready", kStartTimeout));
+  for (size_t r = 0; r < sync->inference_agents_.size(); ++r) {
+    if (!absent(r)) WSYNC_RETURN_IF_ERROR(sync->inference_agents_[r].WaitForLine("ready", kStartTimeout));
+  }
   for (ChildProcess& p : sync->trainer_agents_) WSYNC_RETURN_IF_ERROR(p.WaitForLine("ready", kStartTimeout));
   return sync;
 }
@@ -127,15 +134,18 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
 Status LocalSync::StartController() {
   const HostPlacement& host = options_.controller;
   std::vector<std::string> argv = {
-      options_.binary, "controller", "--listen", host.address + ":0",
+      options_.binary, "controller", "--listen", host.address + ":" + std::to_string(controller_port_),
       "--state-dir", options_.work_dir + "/state",
       "--trainers", std::to_string(specs_.trainer.ranks.size()),
       "--inference", std::to_string(specs_.inference.ranks.size()),
       "--mapping", mapping_path_,
-      "--version-timeout", std::to_string(options_.version_timeout_s)};
+      "--version-timeout", std::to_string(options_.version_timeout_s),
+      "--world-timeout", std::to_string(options_.world_timeout_s),
+      "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s)};
   WSYNC_ASSIGN_OR_RETURN(controller_, ChildProcess::Spawn("controller", Wrap(host, argv),
                                                           options_.work_dir + "/controller.log"));
   WSYNC_ASSIGN_OR_RETURN(controller_address_, controller_.ReadLine(std::chrono::seconds(30)));
+  controller_port_ = std::stoi(controller_address_.substr(controller_address_.rfind(':') + 1));
   WSYNC_ASSIGN_OR_RETURN(auto client, controller::ControllerClient::FromAddress(controller_address_));
   client_ = std::make_unique<controller::ControllerClient>(std::move(client));
   return Status::Ok();
@@ -163,7 +173,8 @@ Status LocalSync::StartTrainerAgent(int32_t rank) {
   const HostPlacement& host = options_.trainers[rank];
   std::vector<std::string> argv = {
       options_.binary, "trainer-agent", "--controller", controller_address_,
-      "--rank", std::to_string(rank), "--cluster", options_.cluster,
+      "--rank", std::to_string(rank),
+      "--cluster", options_.trainer_cluster.count(rank) ? options_.trainer_cluster.at(rank) : options_.cluster,
       "--job", options_.job, "--provider", options_.provider, "--nics", std::to_string(options_.nics),
       "--watermark", std::to_string(options_.watermark), "--gloo-host", host.address,
       "--gloo-timeout", std::to_string(options_.gloo_timeout_s)};

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ struct LocalSyncOptions {
   HostPlacement controller;              // listens on address:0
   std::vector<std::string> extra_trainer_args;
   std::vector<std::string> extra_inference_args;
+  double world_timeout_s = 120;     // controller: name missing ranks after this
+  double heartbeat_timeout_s = 10;  // controller: declare a silent rank lost after this
+  // Fault scenarios for the integration tests.
+  std::vector<int32_t> absent_inference;                // never started
+  std::map<int32_t, std::string> trainer_cluster;       // rank -> another cluster spec
+  bool wait_ready = true;                               // Start() waits for every "ready"
 };
 
 struct StageTimes {
@@ -95,6 +102,8 @@ class LocalSync {
   const RoutingTable& table() const { return table_; }
   const LocalSyncOptions& options() const { return options_; }
   std::string TrainerLog(int32_t rank) const;
+  ChildProcess& trainer_agent(int32_t rank) { return trainer_agents_[rank]; }
+  ChildProcess& inference_agent(int32_t rank) { return inference_agents_[rank]; }
   std::string InferenceShmName(int32_t rank) const;
 
  private:
@@ -106,6 +115,7 @@ class LocalSync {
   RoutingTable table_;               // planned here too, for byte counts
   std::string mapping_path_;         // resolved mapping handed to the controller
   std::string controller_address_;
+  int controller_port_ = 0;          // kept across restarts: agents know it
   ChildProcess controller_;
   std::vector<ChildProcess> inference_agents_;
   std::vector<ChildProcess> trainer_agents_;

@@ -22,6 +22,7 @@ class Runner {
     Log("registered with " + client_.address() + " (" + std::to_string(reply->value("registered", 0)) + " of " +
         std::to_string(reply->value("world", 0)) + " ranks registered, phase " + reply->value("phase", "") + ")");
     if (options_.on_registered) options_.on_registered();
+    controller::HeartbeatSender heartbeat(client_, controller::Role::kInference, agent_.rank().rank);
     WSYNC_RETURN_IF_ERROR(FetchPlan());
     while (!stopped()) {
       PollVersions();

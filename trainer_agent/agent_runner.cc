@@ -70,6 +70,9 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
                    std::to_string(reg->value("registered", 0)) + " of " + std::to_string(reg->value("world", 0)) +
                    " registered, phase " + reg->value("phase", std::string("?")) + ")");
   if (options.on_registered) options.on_registered();
+  // Once heartbeats start, the controller fails this rank's versions, naming
+  // it, within its heartbeat timeout if the process dies.
+  controller::HeartbeatSender heartbeat(client, controller::Role::kTrainer, rank.rank);
 
   StatusOr<controller::TrainerPlanSlice> slice = FetchPlan(client, rank.rank, options, stop);
   if (!slice.ok()) {

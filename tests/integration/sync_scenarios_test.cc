@@ -1,0 +1,191 @@
+// Whole deployments from real processes (controller, trainer agents,
+// inference agents, libfabric shm on loopback) put through what a user of
+// wsync would run into: updates in a row, a trainer agent killed mid-update,
+// a missing inference agent, mismatched metadata, a controller restart and a
+// small memory watermark. Every complete version is checked bit for bit
+// against demo::Reference; a version that did not land must never be called
+// complete, by the controller or in the engine's version word.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "demo/local_sync.h"
+#include "inference_agent/engine_view.h"
+
+namespace wsync::demo {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+const std::string kCluster = std::string(WSYNC_SOURCE_DIR) + "/examples/small-moe-fp8-4x2/cluster.json";
+
+LocalSyncOptions Options(const std::string& test) {
+  LocalSyncOptions o;
+  o.binary = WSYNC_BINARY;
+  o.cluster = kCluster;
+  o.job = "it" + std::to_string(getpid()) + test;
+  o.work_dir = (fs::temp_directory_path() / ("wsync-" + o.job)).string();
+  o.version_timeout_s = 30;
+  o.gloo_timeout_s = 5;
+  o.heartbeat_timeout_s = 3;
+  return o;
+}
+
+std::unique_ptr<LocalSync> StartOrDie(const LocalSyncOptions& o) {
+  StatusOr<std::unique_ptr<LocalSync>> s = LocalSync::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+void ExpectCompleteAndVerified(LocalSync& s, uint64_t version) {
+  StatusOr<UpdateReport> r = s.Update(version);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->state, "complete") << r->failure;
+  Status v = s.Verify(version, &*r);
+  ASSERT_TRUE(v.ok()) << v.ToString();
+  EXPECT_EQ(r->verified_bytes, r->wire_bytes) << "every byte written is a byte checked";
+}
+
+uint64_t EngineVersion(LocalSync& s, int32_t rank) {
+  StatusOr<inference::EngineView> view = inference::EngineView::Open(s.InferenceShmName(rank));
+  return view.ok() ? view->complete_version() : ~0ull;
+}
+
+TEST(SyncScenarios, ThreeUpdatesInARowLandBitForBit) {
+  auto s = StartOrDie(Options("three"));
+  ASSERT_NE(s, nullptr);
+  for (uint64_t v = 1; v <= 3; ++v) ExpectCompleteAndVerified(*s, v);
+  // The weights really changed between versions: version 2's bytes are not
+  // version 3's (the reference for 2 no longer matches).
+  EXPECT_FALSE(s->Verify(2, nullptr).ok());
+}
+
+TEST(SyncScenarios, KilledTrainerAgentFailsItsVersionNamingItAndARestartRecovers) {
+  auto s = StartOrDie(Options("kill"));
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+
+  ASSERT_TRUE(s->FillShards(2).ok());
+  s->KillTrainerAgent(1, SIGKILL);  // dies with version 2 about to run
+  ASSERT_TRUE(s->Publish(2).ok());
+  StatusOr<controller::VersionStatus> v2 = s->WaitVersion(2, 60);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ(v2->state, "failed");
+  // Its peers fail the version at once ("lost a peer"); the controller names
+  // the dead rank once its heartbeats stop (3 s here).
+  bool names_rank_1 = false;
+  for (int i = 0; i < 100 && !names_rank_1; ++i) {
+    for (const auto& f : v2->failures) names_rank_1 |= f.role == "trainer" && f.rank == 1;
+    if (names_rank_1) break;
+    std::this_thread::sleep_for(milliseconds(100));
+    StatusOr<controller::VersionStatus> again = s->client().GetVersion(2);
+    if (again.ok()) v2 = again;
+  }
+  EXPECT_TRUE(names_rank_1) << v2->raw.dump();
+  EXPECT_EQ(v2->state, "failed") << "a failed version stays failed";
+  // The engine never saw version 2 as complete.
+  EXPECT_EQ(EngineVersion(*s, 0), 1u);
+  EXPECT_EQ(EngineVersion(*s, 1), 1u);
+
+  ASSERT_TRUE(s->StartTrainerAgent(1).ok());
+  ASSERT_TRUE(s->trainer_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  ExpectCompleteAndVerified(*s, 3);
+}
+
+TEST(SyncScenarios, MissingInferenceAgentIsNamedAndNothingIsWritten) {
+  LocalSyncOptions o = Options("missing");
+  o.absent_inference = {1};
+  o.world_timeout_s = 2;
+  o.wait_ready = false;
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  nlohmann::json status;
+  for (int i = 0; i < 100; ++i) {
+    StatusOr<nlohmann::json> st = s->client().GetStatus();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    status = *st;
+    if (status.value("phase", "") == "failed_to_assemble") break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(status["phase"], "failed_to_assemble") << status.dump();
+  EXPECT_EQ(status["missing"]["inference"], nlohmann::json::array({1})) << status.dump();
+  EXPECT_EQ(status["missing"]["trainer"], nlohmann::json::array()) << status.dump();
+  EXPECT_TRUE(status["plan"].is_null());
+  // The present inference rank's weights were never written or announced.
+  EXPECT_EQ(EngineVersion(*s, 0), inference::kNoVersion);
+}
+
+TEST(SyncScenarios, MismatchedMetadataIsOneClearErrorAndNothingIsWritten) {
+  LocalSyncOptions o = Options("mismatch");
+  // Trainer rank 2 believes in a model with another expert width.
+  const fs::path dir = fs::path(o.work_dir) / "other";
+  fs::create_directories(dir);
+  nlohmann::json model = nlohmann::json::parse(std::ifstream(std::string(WSYNC_SOURCE_DIR) + "/configs/models/small-moe.json"));
+  model["moe_intermediate_size"] = 384;
+  std::ofstream(dir / "model.json") << model.dump();
+  nlohmann::json cluster = nlohmann::json::parse(std::ifstream(kCluster));
+  cluster["model"] = (dir / "model.json").string();
+  cluster["mapping"] = std::string(WSYNC_SOURCE_DIR) + "/configs/mappings/qwen3_moe.json";
+  std::ofstream(dir / "cluster.json") << cluster.dump();
+  o.trainer_cluster[2] = (dir / "cluster.json").string();
+  o.wait_ready = false;
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+
+  // Rank 2's agent exits non-zero, its last log line naming the problem.
+  StatusOr<int> code = s->trainer_agent(2).Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_NE(*code, 0);
+  const std::string log = s->trainer_agent(2).LogTail(2000);
+  EXPECT_NE(log.find("error"), std::string::npos) << log;
+  EXPECT_NE(log.find("mlp.experts"), std::string::npos) << "the error names the tensor: " << log;
+  // The controller never planned, so nothing was written anywhere.
+  StatusOr<nlohmann::json> st = s->client().GetStatus();
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE((*st)["plan"].is_null()) << st->dump();
+  EXPECT_EQ(EngineVersion(*s, 0), inference::kNoVersion);
+  EXPECT_EQ(EngineVersion(*s, 1), inference::kNoVersion);
+}
+
+TEST(SyncScenarios, ControllerRestartBetweenUpdatesServesTheSamePlan) {
+  auto s = StartOrDie(Options("restart"));
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+  StatusOr<nlohmann::json> before = s->client().GetStatus();
+  ASSERT_TRUE(before.ok());
+  s->StopController();
+  ASSERT_TRUE(s->StartController().ok());
+  StatusOr<nlohmann::json> after = s->client().GetStatus();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["plan"]["plan_id"], (*before)["plan"]["plan_id"]);
+  EXPECT_EQ((*after)["latest_complete_version"], 1);
+  ExpectCompleteAndVerified(*s, 2);
+}
+
+TEST(SyncScenarios, SmallWatermarkMakesThePipelineWaitButNeverExceedIt) {
+  LocalSyncOptions o = Options("watermark");
+  o.watermark = 1200 * 1024;  // a bit above the largest single source's need
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  StatusOr<UpdateReport> r = s->Update(1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->state, "complete") << r->failure << "\n" << s->trainer_agent(0).LogTail(1500);
+  ASSERT_TRUE(s->Verify(1, &*r).ok());
+  ASSERT_EQ(r->trainer_stats.size(), 4u) << r->trainer_stats.dump();
+  uint64_t waits = 0;
+  for (const auto& [rank, st] : r->trainer_stats.items()) {
+    EXPECT_LE(st["peak_temp_bytes"].get<uint64_t>(), o.watermark) << "rank " << rank;
+    EXPECT_EQ(st["watermark_bytes"].get<uint64_t>(), o.watermark);
+    waits += st["watermark_waits"].get<uint64_t>();
+  }
+  EXPECT_GT(waits, 0u) << "the watermark should have made some source wait: " << r->trainer_stats.dump();
+}
+
+}  // namespace
+}  // namespace wsync::demo
