@@ -263,7 +263,8 @@ StatusOr<Rank0BaselineResult> RunRank0Baseline(const Rank0BaselineOptions& o) {
   inference.clear();
   std::vector<double> timed(result.round_seconds.begin() + (o.rounds > 1 ? 1 : 0), result.round_seconds.end());
   std::sort(timed.begin(), timed.end());
-  result.seconds = timed[timed.size() / 2];
+  const size_t n = timed.size();
+  result.seconds = n % 2 == 1 ? timed[n / 2] : (timed[n / 2 - 1] + timed[n / 2]) / 2;
   for (size_t r = 1; r < o.shard_bytes.size(); ++r) result.gathered_bytes += o.shard_bytes[r];
   for (uint64_t b : o.inference_bytes) result.sent_bytes += b;
   return result;
