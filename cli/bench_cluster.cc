@@ -39,6 +39,7 @@ struct BenchClusterOptions {
   std::string work_dir;
   std::string format = "text";
   bool verify = true;
+  uint64_t watermark = 256ull << 20;
 };
 
 // Slowest trainer rank per pipeline stage, for the progress lines.
@@ -103,6 +104,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   demo::LocalSyncOptions so;
   so.cluster = opt.cluster;
   so.provider = opt.provider;
+  so.watermark = opt.watermark;
   so.job = "bench" + std::to_string(getpid());
   so.work_dir = opt.work_dir.empty() ? "/tmp/wsync-" + so.job : opt.work_dir;
   so.controller = {c.switch_netns(), c.switch_address()};
@@ -245,6 +247,8 @@ void AddBenchCluster(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--provider", opt->provider, "libfabric provider")->capture_default_str();
   cmd->add_option("--work-dir", opt->work_dir, "logs");
+  cmd->add_option("--watermark", opt->watermark, "wsync's temporary memory bound per trainer rank, bytes")
+      ->capture_default_str();
   cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check of the last update");
   cmd->callback([opt] {
