@@ -26,7 +26,7 @@
 //
 // Region descriptors in the plan are the hex text of
 // transport::MemoryDescriptor::Serialize() (the wsync.inference/v1
-// convention, inference_agent/descriptor_text.h); raw bytes are accepted too.
+// convention, MemoryDescriptor::ToText); raw bytes are accepted too.
 //
 // Errors: Create refuses a plan it cannot run (a source needing more than the
 // watermark, a box outside what the rank holds, an unknown region, a dtype it

@@ -31,20 +31,12 @@ inline std::string BoxStr(const Box& b) {
   return s + "]";
 }
 
-// Descriptors travel as hex text in JSON documents (see executor.h).
+// Descriptors travel as hex text in JSON documents (MemoryDescriptor::ToText);
+// raw Serialize() bytes are accepted too.
 inline StatusOr<transport::MemoryDescriptor> ParseDescriptorText(const std::string& text) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  bool hex = text.size() % 2 == 0;
-  for (size_t i = 0; hex && i < text.size(); ++i) hex = nibble(text[i]) >= 0;
-  if (!hex) return transport::MemoryDescriptor::Parse(text);
-  std::string raw(text.size() / 2, '\0');
-  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<char>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
-  return transport::MemoryDescriptor::Parse(raw);
+  StatusOr<transport::MemoryDescriptor> d = transport::MemoryDescriptor::FromText(text);
+  if (d.ok()) return d;
+  return transport::MemoryDescriptor::Parse(text);
 }
 
 // One write of one source, resolved at Create.

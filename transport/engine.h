@@ -63,6 +63,10 @@ struct MemoryDescriptor {
 
   std::string Serialize() const;
   static StatusOr<MemoryDescriptor> Parse(std::string_view bytes);
+  // Text form for JSON documents (a region's `descriptor` in
+  // wsync.inference/v1): lowercase hex of Serialize().
+  std::string ToText() const;
+  static StatusOr<MemoryDescriptor> FromText(std::string_view text);
 };
 
 // The addresses of all NICs of one engine (one DomainGroup), in NIC order.

@@ -173,18 +173,20 @@ TEST(SyncScenarios, SmallWatermarkMakesThePipelineWaitButNeverExceedIt) {
   o.watermark = 1200 * 1024;  // a bit above the largest single source's need
   auto s = StartOrDie(o);
   ASSERT_NE(s, nullptr);
-  StatusOr<UpdateReport> r = s->Update(1);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->state, "complete") << r->failure << "\n" << s->trainer_agent(0).LogTail(1500);
-  ASSERT_TRUE(s->Verify(1, &*r).ok());
-  ASSERT_EQ(r->trainer_stats.size(), 4u) << r->trainer_stats.dump();
   uint64_t waits = 0;
-  for (const auto& [rank, st] : r->trainer_stats.items()) {
-    EXPECT_LE(st["peak_temp_bytes"].get<uint64_t>(), o.watermark) << "rank " << rank;
-    EXPECT_EQ(st["watermark_bytes"].get<uint64_t>(), o.watermark);
-    waits += st["watermark_waits"].get<uint64_t>();
+  for (uint64_t v = 1; v <= 2; ++v) {
+    StatusOr<UpdateReport> r = s->Update(v);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->state, "complete") << r->failure << "\n" << s->trainer_agent(0).LogTail(1500);
+    ASSERT_TRUE(s->Verify(v, &*r).ok());
+    ASSERT_EQ(r->trainer_stats.size(), 4u) << r->trainer_stats.dump();
+    for (const auto& [rank, st] : r->trainer_stats.items()) {
+      EXPECT_LE(st["peak_temp_bytes"].get<uint64_t>(), o.watermark) << "rank " << rank;
+      EXPECT_EQ(st["watermark_bytes"].get<uint64_t>(), o.watermark);
+      waits += st["watermark_waits"].get<uint64_t>();
+    }
   }
-  EXPECT_GT(waits, 0u) << "the watermark should have made some source wait: " << r->trainer_stats.dump();
+  EXPECT_GT(waits, 0u) << "the watermark should have made some source wait";
 }
 
 }  // namespace

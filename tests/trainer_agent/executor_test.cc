@@ -203,7 +203,10 @@ TEST_P(ExecutorTest, SmallWatermarkWaitsAndStaysBelowIt) {
     EXPECT_LE(ranks_[r]->executor->arena_bytes(), watermark);
   }
   uint64_t waits = 0;
-  for (uint64_t v = 1; v <= 2; ++v) {
+  // Whether a source waits depends on whether the previous one's writes
+  // completed first, a race the engine usually wins on a quiet machine;
+  // over four versions some source must have waited.
+  for (uint64_t v = 1; v <= 4; ++v) {
     for (const VersionReport& rep : UpdateAndVerify(v)) {
       EXPECT_LE(rep.peak_temp_bytes, watermark);
       waits += rep.watermark_waits;
