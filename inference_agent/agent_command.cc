@@ -15,56 +15,14 @@
 #include "inference_agent/agent.h"
 #include "inference_agent/agent_runner.h"
 #include "models/generate.h"
+#include "common/process_control.h"
 #include "routing/spec_io.h"
 #include "transport/libfabric/libfabric_engine.h"
 
 namespace wsync::inference {
 namespace {
 
-void LogLine(const std::string& line) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::fprintf(stderr, "%s.%03lld inference-agent: %s\n", stamp, static_cast<long long>(ms), line.c_str());
-}
-
-// SIGTERM/SIGINT are blocked in every thread (the engine's threads inherit
-// the mask) and taken by one thread with sigwait, so no libfabric call is
-// ever interrupted and stopping is a plain flag.
-class StopOnSignal {
- public:
-  StopOnSignal() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    thread_ = std::thread([this] {
-      int sig = 0;
-      if (sigwait(&set_, &sig) != 0 || done_.load()) return;
-      LogLine(std::string("got ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
-      stop.store(true, std::memory_order_release);
-    });
-  }
-  ~StopOnSignal() {
-    if (!stop.load()) {
-      done_.store(true);
-      pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait; ignored via done_
-    }
-    thread_.join();
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
-  std::atomic<bool> stop{false};
-
- private:
-  sigset_t set_{}, old_{};
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
+void LogLine(const std::string& line) { wsync::LogLine("inference-agent", line); }
 
 }  // namespace
 
@@ -99,7 +57,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   StatusOr<controller::ControllerClient> client = controller::ControllerClient::FromAddress(flags.controller);
   if (!client.ok()) return fail(client.status());
 
-  StopOnSignal signals;  // before any thread is started
+  StopOnSignal signals("inference-agent");  // before any thread is started
   const std::string shm_name = flags.shm_name.empty() ? WeightStoreName(flags.job, flags.rank) : flags.shm_name;
   StatusOr<WeightStore> store =
       flags.attach ? WeightStore::Attach(shm_name, *rank) : WeightStore::Create(shm_name, *rank);

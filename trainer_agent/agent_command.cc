@@ -12,6 +12,7 @@
 
 #include "controller/client.h"
 #include "models/generate.h"
+#include "common/process_control.h"
 #include "routing/spec_io.h"
 #include "trainer_agent/agent_runner.h"
 #include "trainer_agent/shard_export.h"
@@ -20,50 +21,7 @@
 namespace wsync::trainer_agent {
 namespace {
 
-void LogLine(const std::string& line) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::fprintf(stderr, "%s.%03lld trainer-agent: %s\n", stamp, static_cast<long long>(ms), line.c_str());
-}
-
-// SIGTERM/SIGINT are blocked in every thread (the engine's and Gloo's
-// threads inherit the mask) and taken by one thread with sigwait, so no
-// libfabric or socket call is interrupted and stopping is a plain flag.
-class StopOnSignal {
- public:
-  StopOnSignal() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    thread_ = std::thread([this] {
-      int sig = 0;
-      if (sigwait(&set_, &sig) != 0 || done_.load()) return;
-      LogLine(std::string("got ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
-      stop.store(true, std::memory_order_release);
-    });
-  }
-  ~StopOnSignal() {
-    if (!stop.load()) {
-      done_.store(true);
-      pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait; ignored via done_
-    }
-    thread_.join();
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
-  std::atomic<bool> stop{false};
-
- private:
-  sigset_t set_{}, old_{};
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
+void LogLine(const std::string& line) { wsync::LogLine("trainer-agent", line); }
 
 std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -108,7 +66,7 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
     shm_name = *name;
   }
 
-  StopOnSignal signals;  // before any thread is started
+  StopOnSignal signals("trainer-agent");  // before any thread is started
   transport::fabric::LibfabricOptions fabric;
   fabric.provider = flags.provider;
   fabric.num_nics = flags.nics;

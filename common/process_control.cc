@@ -1,0 +1,44 @@
+#include "common/process_control.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+namespace wsync {
+
+void LogLine(const std::string& component, const std::string& line) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::fprintf(stderr, "%s.%03lld %s: %s\n", stamp, static_cast<long long>(ms), component.c_str(), line.c_str());
+}
+
+StopOnSignal::StopOnSignal(std::string component) : component_(std::move(component)) {
+  sigemptyset(&set_);
+  sigaddset(&set_, SIGTERM);
+  sigaddset(&set_, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  thread_ = std::thread([this] {
+    int sig = 0;
+    if (sigwait(&set_, &sig) != 0 || done_.load()) return;
+    LogLine(component_, std::string("got ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
+    stop.store(true, std::memory_order_release);
+  });
+}
+
+StopOnSignal::~StopOnSignal() {
+  if (!stop.load()) {
+    done_.store(true);
+    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait; ignored via done_
+  }
+  thread_.join();
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
+
+}  // namespace wsync
