@@ -7,9 +7,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 # libfabric's shm provider leaves /dev/shm/<pid>:<domain>:<ep> behind when a
 # process is killed; drop those of processes that are gone so a test run
 # never starts on a full tmpfs.
-for f in /dev/shm/[0-9]*:*; do
+# Our engines name their endpoints wsync-<pid>-<random>-...; same rule.
+for f in /dev/shm/[0-9]*:* /dev/shm/wsync-[0-9]*-*; do
   [ -e "$f" ] || continue
-  pid=${f##*/}; pid=${pid%%:*}
+  name=${f##*/}; name=${name#wsync-}; pid=${name%%[:-]*}
   kill -0 "$pid" 2>/dev/null || rm -f "$f"
 done
 cd "$BUILD_DIR"
