@@ -494,6 +494,15 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank) {
   return r->ToJson(now);
 }
 
+// After a report: a version that just finished is logged, waiters wake, and
+// a complete one is persisted (a failed one needs no persisting).
+void Controller::VersionFinishedLocked(bool was_finished, const VersionRecord& r) {
+  if (was_finished || !r.finished()) return;
+  LogVersionLocked(r);
+  if (r.state == VersionState::kComplete) SaveVersionsLocked();
+  cv_.notify_all();
+}
+
 StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool ok, const std::string& error,
                                       const json& stats) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -506,11 +515,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
                                                 : versions_.InferenceDone(v, rank, ok, error, now));
-  if (!was_finished && r->finished()) {
-    LogVersionLocked(*r);
-    if (r->state == VersionState::kComplete) SaveVersionsLocked();
-    cv_.notify_all();
-  }
+  VersionFinishedLocked(was_finished, *r);
   return r->ToJson(now);
 }
 
@@ -524,10 +529,7 @@ StatusOr<json> Controller::ReportFailure(uint64_t v, Role role, int32_t rank, co
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
                          versions_.Fail(v, RoleName(role), rank, error.empty() ? "failed" : error, now));
-  if (!was_finished && r->finished()) {
-    LogVersionLocked(*r);
-    cv_.notify_all();
-  }
+  VersionFinishedLocked(was_finished, *r);
   return r->ToJson(now);
 }
 

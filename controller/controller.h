@@ -117,6 +117,7 @@ class Controller {
   bool DropCulpritLocked(Role role, int32_t rank, const std::string& error) WSYNC_REQUIRES(mu_);
   void SaveVersionsLocked() WSYNC_REQUIRES(mu_);
   void LogVersionLocked(const VersionRecord& r) WSYNC_REQUIRES(mu_);
+  void VersionFinishedLocked(bool was_finished, const VersionRecord& r) WSYNC_REQUIRES(mu_);
   nlohmann::json RegisterReplyLocked(Role role, int32_t rank) WSYNC_REQUIRES(mu_);
   std::vector<int32_t> MissingLocked(Role role) const WSYNC_REQUIRES(mu_);
   std::string MissingTextLocked() const WSYNC_REQUIRES(mu_);

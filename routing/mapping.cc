@@ -155,6 +155,19 @@ Status Mapper::Resolve(const InferenceTensor& t, const TensorWhere& where,
   return NotFound(where + ": no rule of mapping " + mapping_source_ + " matches this engine tensor");
 }
 
+StatusOr<int32_t> Mapper::FindSource(const Rule& rule, size_t i, const PatternBindings& b,
+                                     const TensorWhere& where, std::vector<uint8_t>* used) const {
+  std::string name;
+  if (!rule.sources[i].Expand(b, &name))
+    return InvalidArgument(where + ": cannot expand source '" + rule.sources[i].text() + "'");
+  const int32_t idx = catalog_->Find(name);
+  if (idx < 0)
+    return NotFound(where + ": source '" + name + "' (rule '" + rule.rule->engine + "' of " + mapping_source_ +
+                    ") is not a trainer tensor");
+  (*used)[idx] = 1;
+  return idx;
+}
+
 Status Mapper::ResolveRule(const Rule& rule, const PatternBindings& b, const InferenceTensor& t,
                            const TensorWhere& where, std::vector<Segment>* out,
                            std::vector<uint8_t>* used) const {
@@ -169,13 +182,8 @@ Status Mapper::ResolveRule(const Rule& rule, const PatternBindings& b, const Inf
   Shape expect(D.size(), 0);
   int64_t cursor = 0;
   for (size_t i = 0; i < rule.sources.size(); ++i) {
-    if (!rule.sources[i].Expand(b, &name))
-      return InvalidArgument(where + ": cannot expand source '" + rule.sources[i].text() + "'");
-    const int32_t idx = catalog_->Find(name);
-    if (idx < 0)
-      return NotFound(where + ": source '" + name + "' (rule '" + rule.rule->engine + "' of " +
-                      mapping_source_ + ") is not a trainer tensor");
-    (*used)[idx] = 1;
+    WSYNC_ASSIGN_OR_RETURN(const int32_t idx, FindSource(rule, i, b, where, used));
+    name = catalog_->params[idx]->name;
     const Shape& S = catalog_->params[idx]->global_shape;
     if (static_cast<int>(S.size()) != nd)
       return InvalidArgument(where + ": shape " + ShapeStr(D) + " has " + std::to_string(nd) +
@@ -254,13 +262,8 @@ Status Mapper::ResolveStack(const Rule& rule, const PatternBindings& bound,
     for (int64_t e = first_e; e < last_e; ++e) {
       num = std::to_string(e);
       b.Set("E", num);
-      if (!rule.sources[i].Expand(b, &name))
-        return InvalidArgument(where + ": cannot expand source '" + rule.sources[i].text() + "'");
-      const int32_t idx = catalog_->Find(name);
-      if (idx < 0)
-        return NotFound(where + ": source '" + name + "' (rule '" + rule.rule->engine + "' of " +
-                        mapping_source_ + ") is not a trainer tensor");
-      (*used)[idx] = 1;
+      WSYNC_ASSIGN_OR_RETURN(const int32_t idx, FindSource(rule, i, b, where, used));
+      name = catalog_->params[idx]->name;
       const Shape& S = catalog_->params[idx]->global_shape;
       Shape P;  // per-expert shape
       if (stacked) {

@@ -89,6 +89,10 @@ class Mapper {
     NamePattern engine;
     std::vector<NamePattern> sources;
   };
+  // Expands source pattern `i` of `rule` with `b`, marks it used, returns its
+  // catalog index; NotFound naming the rule if it is not a trainer tensor.
+  StatusOr<int32_t> FindSource(const Rule& rule, size_t i, const PatternBindings& b, const TensorWhere& where,
+                               std::vector<uint8_t>* used) const;
   Status ResolveRule(const Rule& rule, const PatternBindings& b, const InferenceTensor& t,
                      const TensorWhere& where, std::vector<Segment>* out,
                      std::vector<uint8_t>* used) const;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "routing/metadata.h"
@@ -38,5 +39,19 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
 // expert_dim, not both; shards > 0; quantize rules have positive blocks and
 // at most one rule per dtype.
 Status ValidateMapping(const MappingSpec& spec, const std::string& source);
+
+// Ranks listed as 0..N-1, each once (N > 0); `role` names them in the error.
+template <typename RankT>
+Status ValidateRankSequence(const std::vector<RankT>& ranks, const std::string& role, const std::string& source) {
+  if (ranks.empty()) return InvalidArgument(source + ": no " + role + " ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int32_t r = ranks[i].rank;
+    if (r == static_cast<int32_t>(i)) continue;
+    if (i > 0 && r == ranks[i - 1].rank) return InvalidArgument(source + ": rank " + std::to_string(r) + " listed twice");
+    return InvalidArgument(source + ": rank " + std::to_string(i) + " missing (ranks must be 0.." +
+                           std::to_string(ranks.size() - 1) + ", each once; found " + std::to_string(r) + ")");
+  }
+  return Status::Ok();
+}
 
 }  // namespace wsync

@@ -82,17 +82,7 @@ Status CheckTensor(const std::string& where, const InferenceTensor& t) {
 }  // namespace
 
 Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& source) {
-  if (spec.ranks.empty()) return InvalidArgument(source + ": no inference ranks");
-  for (size_t i = 0; i < spec.ranks.size(); ++i) {
-    const int32_t r = spec.ranks[i].rank;
-    if (r != static_cast<int32_t>(i)) {
-      if (i > 0 && r == spec.ranks[i - 1].rank)
-        return InvalidArgument(source + ": rank " + std::to_string(r) + " listed twice");
-      return InvalidArgument(source + ": rank " + std::to_string(i) + " missing (ranks must be 0.." +
-                             std::to_string(spec.ranks.size() - 1) + ", each once; found " +
-                             std::to_string(r) + ")");
-    }
-  }
+  WSYNC_RETURN_IF_ERROR(ValidateRankSequence(spec.ranks, "inference", source));
   // Within one engine replica, the TP/EP slices of a tensor agree on the
   // split and no two ranks hold the same slice.
   struct Slices {

@@ -90,17 +90,7 @@ Status CheckParamShape(const std::string& source, const TrainerRank& rank, const
 }  // namespace
 
 Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
-  if (spec.ranks.empty()) return InvalidArgument(source + ": no trainer ranks");
-  for (size_t i = 0; i < spec.ranks.size(); ++i) {
-    const int32_t r = spec.ranks[i].rank;
-    if (r != static_cast<int32_t>(i)) {
-      if (i > 0 && r == spec.ranks[i - 1].rank)
-        return InvalidArgument(source + ": rank " + std::to_string(r) + " listed twice");
-      return InvalidArgument(source + ": rank " + std::to_string(i) + " missing (ranks must be 0.." +
-                             std::to_string(spec.ranks.size() - 1) + ", each once; found " +
-                             std::to_string(r) + ")");
-    }
-  }
+  WSYNC_RETURN_IF_ERROR(ValidateRankSequence(spec.ranks, "trainer", source));
   // Meshes: one shape/dim-name set per id, every coordinate exactly once.
   std::unordered_map<std::string_view, MeshInfo> meshes;
   std::vector<std::string_view> mesh_order;  // first appearance, for deterministic errors
