@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "controller/client.h"
 #include "controller/controller.h"
 #include "controller/http_server.h"
 #include "routing/spec_io.h"

@@ -3,9 +3,9 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
-#include "controller/http_server.h"
 #include "routing/spec_io.h"
 
 namespace wsync::controller {
@@ -51,6 +51,18 @@ milliseconds Remaining(ControllerClient::Clock::time_point deadline) {
 }
 
 }  // namespace
+
+StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    return InvalidArgument("address '" + address + "' is not HOST:PORT (e.g. 127.0.0.1:7070)");
+  const std::string port_text = address.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535)
+    return InvalidArgument("address '" + address + "': port '" + port_text + "' is not 0..65535");
+  return std::make_pair(address.substr(0, colon), static_cast<int>(port));
+}
 
 ControllerClient::ControllerClient(std::string host, int port, ClientOptions options)
     : host_(std::move(host)), port_(port), options_(options) {}

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -144,6 +145,9 @@ class ControllerClient {
 };
 
 StatusOr<VersionStatus> ParseVersionStatus(const nlohmann::json& j);
+
+// "host:port" -> (host, port); port 0..65535.
+StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& address);
 
 // Sends a heartbeat for (role, rank) every `interval` from its own thread
 // until destroyed. Failed beats are ignored: the controller may be

@@ -62,7 +62,4 @@ class HttpServer {
   bool stopping_ = false;  // guarded by tick_mu_
 };
 
-// "host:port" -> (host, port); port 0..65535.
-StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& address);
-
 }  // namespace wsync::controller

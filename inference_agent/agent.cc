@@ -24,9 +24,9 @@ std::string Fixed3(double x) {
 
 }  // namespace
 
-InferenceAgent::InferenceAgent(std::unique_ptr<transport::Engine> engine, WeightStore store, InferenceRank rank,
-                               InferenceAgentOptions options)
-    : options_(std::move(options)), rank_(std::move(rank)), store_(std::move(store)), engine_(std::move(engine)) {}
+InferenceAgent::InferenceAgent(std::unique_ptr<transport::Engine> engine, std::unique_ptr<WeightMemory> memory,
+                               InferenceRank rank, InferenceAgentOptions options)
+    : options_(std::move(options)), rank_(std::move(rank)), memory_(std::move(memory)), engine_(std::move(engine)) {}
 
 InferenceAgent::~InferenceAgent() {
   regions_.clear();
@@ -36,29 +36,37 @@ InferenceAgent::~InferenceAgent() {
 StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr<transport::Engine> engine,
                                                                  WeightStore store, InferenceRank rank,
                                                                  InferenceAgentOptions options) {
+  return Create(std::move(engine), MakeShmWeightMemory(std::move(store)), std::move(rank), std::move(options));
+}
+
+StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr<transport::Engine> engine,
+                                                                 std::unique_ptr<WeightMemory> memory,
+                                                                 InferenceRank rank, InferenceAgentOptions options) {
   const std::string where = "inference rank " + std::to_string(rank.rank);
   if (engine == nullptr) return InvalidArgument(where + ": no transport engine");
-  if (store.regions().size() != rank.regions.size()) {
-    return InvalidArgument(where + ": weight store '" + store.name() + "' has " +
-                           std::to_string(store.regions().size()) + " regions, the layout " +
+  if (memory == nullptr) return InvalidArgument(where + ": no weight memory");
+  if (memory->regions().size() != rank.regions.size()) {
+    return InvalidArgument(where + ": weight memory '" + memory->name() + "' has " +
+                           std::to_string(memory->regions().size()) + " regions, the layout " +
                            std::to_string(rank.regions.size()));
   }
   std::unique_ptr<InferenceAgent> agent(
-      new InferenceAgent(std::move(engine), std::move(store), std::move(rank), std::move(options)));
+      new InferenceAgent(std::move(engine), std::move(memory), std::move(rank), std::move(options)));
   for (size_t i = 0; i < agent->rank_.regions.size(); ++i) {
-    const WeightStore::Region& r = agent->store_.regions()[i];
+    const WeightMemory::Region& r = agent->memory_->regions()[i];
     MemoryRegion& spec = agent->rank_.regions[i];
     if (r.id != spec.id || r.size != spec.size) {
-      return InvalidArgument(where + ": region '" + spec.id + "' differs from the weight store's '" + r.id + "'");
+      return InvalidArgument(where + ": region '" + spec.id + "' (" + std::to_string(spec.size) +
+                             " bytes) differs from the weight memory's '" + r.id + "' (" + std::to_string(r.size) +
+                             " bytes)");
     }
-    StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-        agent->engine_->Register(r.data, r.size, transport::MemoryKind::kHost);
+    StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = agent->engine_->Register(r.data, r.size, r.kind, r.device);
     if (!mr.ok()) return mr.status().WithContext(where + ": registering region '" + spec.id + "'");
     spec.descriptor = DescriptorToText((*mr)->descriptor());
     agent->regions_.push_back(std::move(mr).value());
   }
   agent->Log(where + ": registered " + std::to_string(agent->regions_.size()) + " region(s) of '" +
-             agent->store_.name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
+             agent->memory_->name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
              agent->engine_->provider());
   return agent;
 }
@@ -131,7 +139,7 @@ bool InferenceAgent::AbandonVersion(uint64_t v, const std::string& why) {
     if (begun_.count(v) == 0 || finished_.count(v) != 0) return false;
     if (!abandoned_.emplace(v, why).second) return false;
   }
-  store_.MarkFailed(v);
+  memory_->MarkFailed(v);
   Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
       ": failed elsewhere (" + why + "); it will not be marked complete here");
   return true;
@@ -162,12 +170,12 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
   } else if (status.ok()) {
     // Every arrival of v was counted, and a write's data is in memory before
     // its arrival is: now, and only now, the engine may see v.
-    const bool moved = store_.MarkComplete(v);
+    const bool moved = memory_->MarkComplete(v);
     out.status = Status::Ok();
     line += ": complete, " + std::to_string(out.expected) + " immediates in " + Fixed3(out.seconds) + " s";
     if (!moved) line += " (older than the current complete version, which stays)";
   } else {
-    if (!abandoned) store_.MarkFailed(v);
+    if (!abandoned) memory_->MarkFailed(v);
     out.status = status.WithContext("inference rank " + std::to_string(rank_.rank) + ": version " +
                                     std::to_string(v) + " failed");
     line += ": failed: " + status.ToString();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "inference_agent/weight_memory.h"
 #include "inference_agent/weight_store.h"
 #include "routing/metadata.h"
 #include "routing/rank_plan.h"
@@ -53,9 +54,13 @@ struct InferenceAgentOptions {
 
 class InferenceAgent {
  public:
-  // Registers every region of `store` with `engine` and fills the
+  // Registers every region of `memory` with `engine` and fills the
   // descriptors of `rank` (hex text, descriptor_text.h). `rank`'s regions
-  // must be the ones `store` was built from.
+  // must be `memory`'s, in the same order, of the same sizes.
+  static StatusOr<std::unique_ptr<InferenceAgent>> Create(std::unique_ptr<transport::Engine> engine,
+                                                          std::unique_ptr<WeightMemory> memory, InferenceRank rank,
+                                                          InferenceAgentOptions options = {});
+  // The sidecar's form: the weights in a shared-memory WeightStore.
   static StatusOr<std::unique_ptr<InferenceAgent>> Create(std::unique_ptr<transport::Engine> engine,
                                                           WeightStore store, InferenceRank rank,
                                                           InferenceAgentOptions options = {});
@@ -66,7 +71,7 @@ class InferenceAgent {
   // The rank's layout with its transport descriptors: what to register.
   const InferenceRank& rank() const { return rank_; }
   transport::Engine& engine() { return *engine_; }
-  WeightStore& store() { return store_; }
+  WeightMemory& memory() { return *memory_; }
 
   // Arrivals one version produces: sum of ArrivalsPerWrite over every write
   // this rank receives. Fails if the plan is for another rank.
@@ -96,7 +101,7 @@ class InferenceAgent {
   StatusOr<VersionOutcome> WaitVersion(uint64_t v, std::chrono::milliseconds wait);
 
  private:
-  InferenceAgent(std::unique_ptr<transport::Engine> engine, WeightStore store, InferenceRank rank,
+  InferenceAgent(std::unique_ptr<transport::Engine> engine, std::unique_ptr<WeightMemory> memory, InferenceRank rank,
                  InferenceAgentOptions options);
   void OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status);
   void Log(const std::string& line) const;
@@ -106,7 +111,7 @@ class InferenceAgent {
   // everything declared above it).
   const InferenceAgentOptions options_;
   InferenceRank rank_;
-  WeightStore store_;
+  std::unique_ptr<WeightMemory> memory_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool planned_ = false;                         // guarded by mu_

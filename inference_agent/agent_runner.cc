@@ -78,7 +78,7 @@ class Runner {
     }
     if (controller_down_) Log("controller reachable again");
     controller_down_ = false;
-    const uint64_t complete = agent_.store().complete_version();
+    const uint64_t complete = agent_.memory().complete_version();
     for (const nlohmann::json& vj : status->value("versions", nlohmann::json::array())) {
       StatusOr<controller::VersionStatus> v = controller::ParseVersionStatus(vj);
       if (!v.ok() || ignored_.count(v->version) != 0) continue;
@@ -90,7 +90,7 @@ class Runner {
       if (v->finished()) {
         // Failed before this rank heard of it: nothing to wait for, but some
         // of its writes may have landed, so the engine must hear of it.
-        if (v->failed()) agent_.store().MarkFailed(v->version);
+        if (v->failed()) agent_.memory().MarkFailed(v->version);
         Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller (" +
             FailureSummary(*v) + "); not expecting it");
         ignored_.insert(v->version);

@@ -227,13 +227,6 @@ std::unique_ptr<RendezvousStore> MakeInMemoryRendezvousStore() {
   return std::make_unique<InMemoryRendezvousStore>();
 }
 
-ChunkRange TorchChunk(int64_t n, int64_t parts, int64_t index) {
-  const int64_t chunk = (n + parts - 1) / parts;
-  const int64_t begin = std::min(n, chunk * index);
-  const int64_t end = std::min(n, chunk * (index + 1));
-  return {begin, end - begin};
-}
-
 GlooGroup::GlooGroup(std::string name, int rank, int size, milliseconds timeout,
                      std::shared_ptr<gloo::Context> context)
     : name_(std::move(name)), rank_(rank), size_(size), timeout_(timeout),
@@ -386,6 +379,29 @@ Status GlooGroup::AllGatherShards(const void* shard, void* full,
     }
   }
   return Status::Ok();
+}
+
+namespace {
+
+class GlooGroupFactory : public GroupFactory {
+ public:
+  GlooGroupFactory(RendezvousStore* store, GlooGroupOptions options) : store_(store), options_(std::move(options)) {}
+  StatusOr<std::unique_ptr<CollectiveGroup>> Join(const std::string& name, const std::vector<int32_t>& ranks,
+                                                  int index) override {
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<GlooGroup> group,
+                           GlooGroup::Create(*store_, name, index, static_cast<int>(ranks.size()), options_));
+    return std::unique_ptr<CollectiveGroup>(std::move(group));
+  }
+
+ private:
+  RendezvousStore* store_;
+  GlooGroupOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupFactory> MakeGlooGroupFactory(RendezvousStore* store, GlooGroupOptions options) {
+  return std::make_unique<GlooGroupFactory>(store, std::move(options));
 }
 
 }  // namespace wsync

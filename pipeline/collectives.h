@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "pipeline/group.h"
 #include "routing/dtype.h"
 
 namespace gloo {
@@ -57,15 +58,6 @@ StatusOr<std::unique_ptr<RendezvousStore>> MakeFileRendezvousStore(const std::st
 // Keys in this process's memory: for ranks run as threads of one process.
 std::unique_ptr<RendezvousStore> MakeInMemoryRendezvousStore();
 
-// The range of tensor-dim indices that shard `index` of `parts` holds, as
-// DTensor Shard(d) / torch.chunk split it: chunk size ceil(n/parts), the last
-// nonempty chunk shorter, trailing chunks empty.
-struct ChunkRange {
-  int64_t begin = 0;
-  int64_t size = 0;
-};
-ChunkRange TorchChunk(int64_t n, int64_t parts, int64_t index);
-
 struct GlooGroupOptions {
   // Address this rank listens on for its peers (Gloo tcp transport). Either a
   // hostname/IP or, if non-empty, an interface name (iface wins).
@@ -79,7 +71,7 @@ struct GlooGroupOptions {
 // A connected Gloo context for `size` ranks named `name` (a MeshGroup name).
 // After any failed collective the group is unusable (peers may be mid-way
 // through the failed call); every later call returns FailedPrecondition.
-class GlooGroup {
+class GlooGroup : public CollectiveGroup {
  public:
   // Blocks until all `size` ranks have called Create with the same name and
   // store, or the timeout passes. `name` must be unique within the store.
@@ -92,12 +84,12 @@ class GlooGroup {
   GlooGroup(const GlooGroup&) = delete;
   GlooGroup& operator=(const GlooGroup&) = delete;
 
-  const std::string& name() const { return name_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   // Returns once every rank of the group has entered the barrier.
-  Status Barrier();
+  Status Barrier() override;
 
   // full_tensor() for a tensor sharded along `dim` over this group: rank r
   // holds TorchChunk(full_shape[dim], size(), r) of that dim (all other dims
@@ -108,7 +100,7 @@ class GlooGroup {
   // full_shape, dim and dtype. To gather over several mesh dims (HSDP), call
   // once per dim on that dim's group.
   Status AllGatherShards(const void* shard, void* full, std::span<const int64_t> full_shape,
-                         int dim, DType dtype);
+                         int dim, DType dtype) override;
 
  private:
   GlooGroup(std::string name, int rank, int size, std::chrono::milliseconds timeout,
@@ -125,5 +117,9 @@ class GlooGroup {
   bool broken_ = false;
   std::vector<uint8_t> staging_;  // rank-major gather buffer for dim > 0
 };
+
+// Joins GlooGroups through `store` (which must outlive the factory), the
+// executor's groups for the sidecar.
+std::unique_ptr<GroupFactory> MakeGlooGroupFactory(RendezvousStore* store, GlooGroupOptions options);
 
 }  // namespace wsync

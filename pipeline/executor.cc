@@ -27,11 +27,11 @@ Status PlanExecutor::Impl::EnsureGroups(uint64_t version) {
   // crosswise during rendezvous.
   for (size_t g = 0; g < plan->groups.size(); ++g) {
     const RankMeshGroup& group = plan->groups[g];
-    StatusOr<std::unique_ptr<GlooGroup>> mesh = GlooGroup::Create(
-        *store, gen + "/mesh/" + group.name, index_of(group.ranks), static_cast<int>(group.ranks.size()), options.gloo);
+    StatusOr<std::unique_ptr<CollectiveGroup>> mesh =
+        group_factory->Join(gen + "/mesh/" + group.name, group.ranks, index_of(group.ranks));
     if (!mesh.ok()) {
       return mesh.status().WithContext("trainer rank " + std::to_string(plan->rank) + ": mesh group '" + group.name +
-                                       "': joining its Gloo group");
+                                       "': joining its collective group");
     }
     mesh_groups.push_back(std::move(mesh).value());
     for (size_t i = group_work[g].first; i < group_work[g].second; ++i) {
@@ -40,8 +40,7 @@ Status PlanExecutor::Impl::EnsureGroups(uint64_t version) {
       const std::vector<int32_t>& ranks = gather_sets[sw.gather_group];
       std::string name = gen + "/gather/";
       for (size_t k = 0; k < ranks.size(); ++k) name += (k ? "-" : "") + std::to_string(ranks[k]);
-      StatusOr<std::unique_ptr<GlooGroup>> gather =
-          GlooGroup::Create(*store, name, index_of(ranks), static_cast<int>(ranks.size()), options.gloo);
+      StatusOr<std::unique_ptr<CollectiveGroup>> gather = group_factory->Join(name, ranks, index_of(ranks));
       if (!gather.ok()) return gather.status().WithContext(Where(sw) + ": joining its all-gather group");
       gather_groups[sw.gather_group] = std::move(gather).value();
     }
@@ -53,7 +52,7 @@ Status PlanExecutor::Impl::EnsureGroups(uint64_t version) {
 Status PlanExecutor::Impl::CheckVersion(size_t g, uint64_t version) {
   // Mixing versions in one all-gather would write a blend of two steps:
   // every rank shows its version first (8 bytes as two fp32 slots per rank).
-  GlooGroup& group = *mesh_groups[g];
+  CollectiveGroup& group = *mesh_groups[g];
   const int size = group.size();
   std::vector<uint64_t> all(static_cast<size_t>(size));
   const int64_t shape[1] = {2 * static_cast<int64_t>(size)};
@@ -226,14 +225,14 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
 // ------------------------------------------------------------ PlanExecutor --
 
 StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(TrainerRankPlan plan, transport::Engine* engine,
-                                                             RendezvousStore* store, ExecutorOptions options) {
-  if (engine == nullptr || store == nullptr) return InvalidArgument("plan executor: engine and store are required");
+                                                             GroupFactory* groups, ExecutorOptions options) {
+  if (engine == nullptr || groups == nullptr) return InvalidArgument("plan executor: engine and groups are required");
   std::unique_ptr<PlanExecutor> executor(new PlanExecutor(std::move(plan)));
   executor->impl_ = std::make_unique<Impl>();
   Impl& impl = *executor->impl_;
   impl.plan = &executor->plan_;
   impl.engine = engine;
-  impl.store = store;
+  impl.group_factory = groups;
   impl.options = std::move(options);
   WSYNC_RETURN_IF_ERROR(impl.Resolve());
   return executor;

@@ -18,7 +18,8 @@
 // write has completed.
 //
 // Temporary memory is one arena registered once (pipeline/temp_arena.h), at
-// most the watermark; Gloo groups (one per distinct gather_ranks set, one per
+// most the watermark; collective groups (pipeline/group.h: Gloo for the
+// sidecar, torch's process groups in-process) (one per distinct gather_ranks set, one per
 // MeshGroup for its barrier and a version check) are made on the first Run
 // and reused; rendezvous names carry a generation (the version that built
 // them), so after a failed collective the next Run rebuilds them on every
@@ -48,7 +49,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "pipeline/collectives.h"
+#include "pipeline/group.h"
 #include "pipeline/shard_source.h"
 #include "pipeline/temp_arena.h"
 #include "routing/rank_plan.h"
@@ -60,10 +61,9 @@ struct ExecutorOptions {
   // Bound on temporary memory (gathered tensors, quantized bytes, write
   // staging) at any moment. The arena is min(watermark, one version's needs).
   uint64_t watermark_bytes = 1ull << 30;
-  // Prefix of every Gloo rendezvous key, e.g. the job name or plan id: one
-  // store may serve several jobs.
+  // Prefix of every group name (Gloo rendezvous keys), e.g. the job name or
+  // plan id: one store may serve several jobs.
   std::string rendezvous_prefix = "wsync";
-  GlooGroupOptions gloo;
   // Bound on waiting for temporary memory and for the last writes. The
   // engine's own per-operation timeout normally ends a dead write sooner.
   std::chrono::milliseconds write_timeout{std::chrono::seconds(120)};
@@ -101,10 +101,11 @@ struct VersionReport {
 
 class PlanExecutor {
  public:
-  // `engine` and `store` must outlive the executor. Imports every peer
-  // region of the plan and registers the temporary memory; no collectives.
+  // `engine` and `groups` must outlive the executor. Imports every peer
+  // region of the plan and registers the temporary memory; no collectives
+  // (groups are joined on the first Run).
   static StatusOr<std::unique_ptr<PlanExecutor>> Create(TrainerRankPlan plan, transport::Engine* engine,
-                                                        RendezvousStore* store, ExecutorOptions options);
+                                                        GroupFactory* groups, ExecutorOptions options);
   ~PlanExecutor();
   PlanExecutor(const PlanExecutor&) = delete;
   PlanExecutor& operator=(const PlanExecutor&) = delete;
@@ -119,7 +120,7 @@ class PlanExecutor {
   // The most temporary memory one source needs: the smallest watermark this
   // plan runs under (then sources run one at a time).
   uint64_t max_source_need() const;
-  // Drops the Gloo groups; the next Run rebuilds them (generation = its
+  // Drops the collective groups; the next Run rebuilds them (generation = its
   // version). Run does this by itself after a failed collective.
   void ResetGroups();
 

@@ -76,7 +76,7 @@ struct PlanExecutor::Impl {
 
   const TrainerRankPlan* plan = nullptr;
   transport::Engine* engine = nullptr;
-  RendezvousStore* store = nullptr;
+  GroupFactory* group_factory = nullptr;
   ExecutorOptions options;
 
   std::vector<transport::RemoteMemory> remotes;
@@ -85,8 +85,8 @@ struct PlanExecutor::Impl {
   std::vector<std::pair<size_t, size_t>> group_work;  // per MeshGroup: [begin, end) of work
   std::unique_ptr<TempArena> arena;
 
-  std::vector<std::unique_ptr<GlooGroup>> gather_groups;  // index = gather_sets
-  std::vector<std::unique_ptr<GlooGroup>> mesh_groups;    // index = plan.groups
+  std::vector<std::unique_ptr<CollectiveGroup>> gather_groups;  // index = gather_sets
+  std::vector<std::unique_ptr<CollectiveGroup>> mesh_groups;    // index = plan.groups
   bool groups_ready = false;
 
   // Writes in flight; completions arrive on the engine's callback thread.

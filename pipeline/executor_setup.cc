@@ -39,7 +39,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     }
     const int index = static_cast<int>(me - src.gather_ranks.begin());
     const int size = static_cast<int>(src.gather_ranks.size());
-    // GlooGroup::AllGatherShards gathers torch.chunk pieces of the held box.
+    // CollectiveGroup::AllGatherShards gathers torch.chunk pieces of the held box.
     const ChunkRange chunk = TorchChunk(src.held.size[gd], size, index);
     for (int d = 0; d < n; ++d) {
       const bool ok = d == gd ? (src.local.offset[d] == src.held.offset[d] + chunk.begin || chunk.size == 0) &&
@@ -61,7 +61,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     auto found = std::find(gather_sets.begin(), gather_sets.end(), src.gather_ranks);
     sw.gather_group = static_cast<int>(found - gather_sets.begin());
     if (found == gather_sets.end()) gather_sets.push_back(src.gather_ranks);
-    // Gloo stages a gather along an inner dim in a buffer of its own; count it.
+    // A gather along an inner dim is staged in a buffer of its own; count it.
     sw.transient_bytes = AlignTemp(sw.held_bytes) + (outer > 1 ? AlignTemp(sw.held_bytes) : 0);
   } else {
     if (src.local != src.held) {

@@ -78,9 +78,9 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   TrainerAgentOptions options;
   options.executor.watermark_bytes = flags.watermark;
   options.executor.rendezvous_prefix = "trainer";
-  options.executor.gloo.hostname = flags.gloo_host;
-  options.executor.gloo.iface = flags.gloo_iface;
-  options.executor.gloo.timeout = Ms(flags.gloo_timeout_s);
+  options.gloo.hostname = flags.gloo_host;
+  options.gloo.iface = flags.gloo_iface;
+  options.gloo.timeout = Ms(flags.gloo_timeout_s);
   options.plan_timeout = Ms(flags.plan_timeout_s);
   options.shm_timeout = Ms(flags.shm_timeout_s);
   options.log = LogLine;

@@ -5,6 +5,7 @@
 
 #include "pipeline/http_store.h"
 #include "trainer_agent/shard_export.h"
+#include "trainer_agent/version_step.h"
 
 namespace wsync::trainer_agent {
 namespace {
@@ -95,10 +96,11 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
   }
 
   std::unique_ptr<RendezvousStore> store = MakeHttpRendezvousStore(client);
+  std::unique_ptr<GroupFactory> groups = MakeGlooGroupFactory(store.get(), options.gloo);
   ExecutorOptions exec_options = options.executor;
   exec_options.rendezvous_prefix += "/" + slice->plan_id;
   StatusOr<std::unique_ptr<PlanExecutor>> executor =
-      PlanExecutor::Create(std::move(slice->plan), &engine, store.get(), exec_options);
+      PlanExecutor::Create(std::move(slice->plan), &engine, groups.get(), exec_options);
   if (!executor.ok()) return executor.status();
   Log(options, "ready: temporary memory " + std::to_string((*executor)->arena_bytes()) + " bytes (watermark " +
                    std::to_string(exec_options.watermark_bytes) + ", largest source needs " +
@@ -111,49 +113,16 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     if (!published.ok()) continue;  // nothing new yet; look at `stop` again
     const uint64_t v = *published;
     last = v;
-    StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank.rank);
-    if (!started.ok() && started.status().code() == StatusCode::kFailedPrecondition) {
-      // Already finished. Failed (e.g. this agent restarted mid-version): the
-      // peers have given it up, so running it would only wait for a Gloo
-      // timeout. Complete (a rank with no writes can be late): the peers may
-      // still wait in its barriers, so take part.
-      StatusOr<controller::VersionStatus> state = client.GetVersion(v);
-      if (!state.ok() || !state->complete()) {
-        Log(options, "version " + std::to_string(v) + " skipped: " + started.status().message());
-        (*view)->MarkFailed(v);
-        if (options.on_version) options.on_version(v, started.status());
-        continue;
-      }
-    }
-    if (!started.ok() && started.status().code() != StatusCode::kFailedPrecondition) Log(options, "warning: could not start version " + std::to_string(v) + " at the controller: " +
-                                        started.status().message() + "; running it anyway");
-
-    StatusOr<VersionReport> result = (*executor)->Run(v, **view);
-    if (result.ok()) {
-      Log(options, result->Summary());
-    } else {
+    Status why;
+    if (StartVersion(client, rank.rank, v, options.log, &why) == VersionDecision::kSkip) {
       (*view)->MarkFailed(v);
-      Log(options, "version " + std::to_string(v) + " failed: " + result.status().message());
+      if (options.on_version) options.on_version(v, why);
+      continue;
     }
-    nlohmann::json stats = nullptr;
-    if (result.ok()) {
-      const StageSeconds& s = result->seconds;
-      stats = {{"stages", {{"copy", s.copy}, {"all_gather", s.all_gather}, {"quantize_pack", s.quantize_pack},
-                           {"post", s.post}, {"watermark_wait", s.watermark_wait}, {"wait_writes", s.wait_writes},
-                           {"barrier", s.barrier}, {"rendezvous", s.rendezvous}, {"total", s.total}}},
-               {"reads_done_after", result->reads_done_after},
-               {"written_bytes", result->written_bytes},
-               {"writes", result->writes},
-               {"watermark_waits", result->watermark_waits},
-               {"peak_temp_bytes", result->peak_temp_bytes},
-               {"watermark_bytes", result->watermark_bytes}};
-    }
-    StatusOr<controller::VersionStatus> reported =
-        client.ReportTrainerDone(v, rank.rank, result.ok() ? Status::Ok() : result.status(), stats);
-    if (!reported.ok()) {
-      Log(options, "warning: could not report version " + std::to_string(v) + " to the controller: " +
-                       reported.status().message());
-    }
+    StatusOr<VersionReport> result = RunAndReport(**executor, client, rank.rank, v, **view, options.log);
+    // A failed version is marked failed in the export, which releases the
+    // trainer (it may change its weights; the version will never complete).
+    if (!result.ok()) (*view)->MarkFailed(v);
     if (options.on_version) options.on_version(v, result);
   }
   return Status::Ok();

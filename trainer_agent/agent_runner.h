@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "controller/client.h"
+#include "pipeline/collectives.h"
 #include "pipeline/executor.h"
 #include "routing/metadata.h"
 #include "transport/engine.h"
@@ -26,10 +27,12 @@
 namespace wsync::trainer_agent {
 
 struct TrainerAgentOptions {
-  // Watermark, Gloo address and timeout. rendezvous_prefix is extended with
-  // the plan id, so a new plan (or a restarted controller) never meets stale
-  // addresses.
+  // Watermark and timeouts. rendezvous_prefix is extended with the plan id,
+  // so a new plan (or a restarted controller) never meets stale addresses.
   ExecutorOptions executor;
+  // The Gloo groups' address and timeout; they meet through the
+  // controller's KV store.
+  GlooGroupOptions gloo;
   // How long to wait for the rest of the world to register (0: until stopped).
   std::chrono::milliseconds plan_timeout{0};
   // How long to wait for the trainer to create its shard export (0: until

@@ -129,7 +129,7 @@ class AgentRunnerTest : public ::testing::Test {
     TrainerAgentOptions o;
     o.executor.watermark_bytes = 8 << 20;
     o.executor.rendezvous_prefix = "agent-test";
-    o.executor.gloo.timeout = milliseconds(10000);
+    o.gloo.timeout = milliseconds(10000);
     o.plan_timeout = milliseconds(30000);
     o.shm_timeout = milliseconds(5000);
     o.log = [r](const std::string& line) { std::fprintf(stderr, "[agent %d] %s\n", r, line.c_str()); };

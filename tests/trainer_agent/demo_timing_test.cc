@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "models/generate.h"
+#include "pipeline/collectives.h"
 #include "pipeline/executor.h"
 #include "routing/planner.h"
 #include "routing/rank_plan.h"
@@ -90,6 +91,7 @@ TEST(DemoMoeTiming, DISABLED_StageTimesPerRank) {
 
   auto store = MakeInMemoryRendezvousStore();
   std::vector<std::unique_ptr<transport::Engine>> engines;
+  std::vector<std::unique_ptr<GroupFactory>> groups;
   std::vector<std::unique_ptr<PlanExecutor>> executors;
   uint64_t plan_bytes = 0;
   const char* wm = std::getenv("WSYNC_DEMO_WATERMARK_MIB");
@@ -102,8 +104,10 @@ TEST(DemoMoeTiming, DISABLED_StageTimesPerRank) {
     ASSERT_TRUE(engine.ok());
     ExecutorOptions o;
     o.watermark_bytes = watermark;
-    o.gloo.timeout = milliseconds(120000);
-    auto ex = PlanExecutor::Create(std::move(plan).value(), engine->get(), store.get(), o);
+    GlooGroupOptions gloo;
+    gloo.timeout = milliseconds(120000);
+    groups.push_back(MakeGlooGroupFactory(store.get(), gloo));
+    auto ex = PlanExecutor::Create(std::move(plan).value(), engine->get(), groups.back().get(), o);
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     engines.push_back(std::move(engine).value());
     executors.push_back(std::move(ex).value());

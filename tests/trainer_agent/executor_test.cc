@@ -3,6 +3,7 @@
 // Gloo, quantize, and write with real libfabric into 2 receivers' memory;
 // every destination byte is compared with a reference built by hand from the
 // full weights (tests/trainer_agent/update_fixture.cc).
+#include "pipeline/collectives.h"
 #include "pipeline/executor.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,7 @@ struct TrainerRankUnderTest {
   std::unique_ptr<ShardExport> exported;
   std::unique_ptr<ShardView> view;
   std::unique_ptr<transport::Engine> engine;
+  std::unique_ptr<GroupFactory> groups;
   std::unique_ptr<PlanExecutor> executor;  // destroyed before the engine
   ~TrainerRankUnderTest() {
     executor.reset();
@@ -72,19 +74,27 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
     return Status::Ok();
   }
 
-  ExecutorOptions Options(uint64_t watermark, milliseconds gloo_timeout = milliseconds(20000)) {
-    ExecutorOptions o;
-    o.watermark_bytes = watermark;
-    o.rendezvous_prefix = "test";
+  struct Setup {
+    ExecutorOptions executor;
+    GlooGroupOptions gloo;
+  };
+  Setup Options(uint64_t watermark, milliseconds gloo_timeout = milliseconds(20000)) {
+    Setup o;
+    o.executor.watermark_bytes = watermark;
+    o.executor.rendezvous_prefix = "test";
+    o.executor.write_timeout = milliseconds(20000);
     o.gloo.hostname = "127.0.0.1";
     o.gloo.timeout = gloo_timeout;
-    o.write_timeout = milliseconds(20000);
     return o;
   }
 
-  Status CreateExecutor(int r, const ExecutorOptions& options) {
-    WSYNC_ASSIGN_OR_RETURN(ranks_[r]->executor, PlanExecutor::Create(fixture_->plans[r], ranks_[r]->engine.get(),
-                                                                      store_.get(), options));
+  StatusOr<std::unique_ptr<PlanExecutor>> Create(int r, TrainerRankPlan plan, const Setup& setup) {
+    ranks_[r]->groups = MakeGlooGroupFactory(store_.get(), setup.gloo);
+    return PlanExecutor::Create(std::move(plan), ranks_[r]->engine.get(), ranks_[r]->groups.get(), setup.executor);
+  }
+
+  Status CreateExecutor(int r, const Setup& setup) {
+    WSYNC_ASSIGN_OR_RETURN(ranks_[r]->executor, Create(r, fixture_->plans[r], setup));
     return Status::Ok();
   }
 
@@ -220,7 +230,7 @@ TEST_P(ExecutorTest, SmallWatermarkBindsAndIsNeverExceeded) {
 
 TEST_P(ExecutorTest, SourceAboveWatermarkIsRefusedBeforeAnythingStarts) {
   StatusOr<std::unique_ptr<PlanExecutor>> e =
-      PlanExecutor::Create(fixture_->plans[0], ranks_[0]->engine.get(), store_.get(), Options(4096));
+      Create(0, fixture_->plans[0], Options(4096));
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   const std::string& m = e.status().message();
@@ -241,7 +251,7 @@ TEST_P(ExecutorTest, BadBoxIsRefusedNamingTheTensor) {
   ASSERT_NE(victim, nullptr);
   victim->src_box.offset[0] += 100000;
   StatusOr<std::unique_ptr<PlanExecutor>> e =
-      PlanExecutor::Create(plan, ranks_[1]->engine.get(), store_.get(), Options(64 << 20));
+      Create(1, plan, Options(64 << 20));
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("outside what the rank holds"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("trainer rank 1"), std::string::npos) << e.status().message();

@@ -1,0 +1,50 @@
+// WeightMemory: the memory an InferenceAgent registers and the version words
+// it moves, whoever owns them.
+//
+// Two owners today: the sidecar's WeightStore (shared memory an engine maps
+// by name; weight_store.h), and an engine's own tensors registered in place
+// by the Python binding (python/src/inference_binding.cc), whose version
+// words live in the engine's process. The agent only ever calls the methods
+// below; it never learns which one it has.
+//
+// Version words: MarkComplete(v) is called only once every write of v has
+// landed, and is a release store; complete_version() is an acquire load, so
+// an engine that sees v there sees v's bytes. Neither word moves backwards.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "inference_agent/weight_store.h"
+#include "transport/engine.h"
+
+namespace wsync::inference {
+
+class WeightMemory {
+ public:
+  struct Region {
+    std::string id;  // the region id of the rank's wsync.inference/v1 entry
+    uint8_t* data = nullptr;
+    uint64_t size = 0;
+    transport::MemoryKind kind = transport::MemoryKind::kHost;
+    int device = 0;  // CUDA ordinal for kCuda
+  };
+
+  virtual ~WeightMemory() = default;
+  // For logs: the shared-memory name, or "<n> tensors of process <pid>".
+  virtual std::string name() const = 0;
+  virtual const std::vector<Region>& regions() const = 0;
+  virtual uint64_t complete_version() const = 0;
+  virtual uint64_t failed_version() const = 0;
+  // False (and nothing moves) for a v older than the current complete one.
+  virtual bool MarkComplete(uint64_t v) = 0;
+  virtual void MarkFailed(uint64_t v) = 0;
+};
+
+// The sidecar's WeightMemory: `store`'s regions (host memory) and the
+// version words in its shared header, which the engine process reads.
+std::unique_ptr<WeightMemory> MakeShmWeightMemory(WeightStore store);
+
+}  // namespace wsync::inference
