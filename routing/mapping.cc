@@ -45,6 +45,83 @@ bool BlockAligned(int64_t off, int64_t size, int64_t extent, int64_t block) {
   return off % block == 0 && ((off + size) % block == 0 || off + size == extent);
 }
 
+std::string ChunkStr(const MappingPart::Chunk& c) {
+  return "chunk {dim " + std::to_string(c.dim) + ", index " + std::to_string(c.index) + ", count " +
+         std::to_string(c.count) + "}";
+}
+
+// Merges consecutive segments of `segs` from `first` on that are one box
+// split in two: same source, identity dim map, adjacent on one dim in the
+// source and the destination alike, equal on every other dim. An expert
+// range of a fused gate_up source cut into its gate and up chunks thus goes
+// back to one segment (one write per range) when TP does not split them.
+void MergeAdjacent(std::vector<Segment>* segs, size_t first) {
+  if (segs->size() - first < 2) return;
+  size_t w = first;
+  for (size_t r = first + 1; r < segs->size(); ++r) {
+    Segment& a = (*segs)[w];
+    const Segment& b = (*segs)[r];
+    bool merged = false;
+    const int nd = a.dst_box.ndim;
+    bool identity = a.source == b.source && nd == a.src_box.ndim && b.dst_box.ndim == nd &&
+                    b.src_box.ndim == nd;
+    for (int d = 0; identity && d < nd; ++d)
+      identity = a.dst_to_src[d] == d && b.dst_to_src[d] == d;
+    if (identity) {
+      int along = -1;
+      bool ok = true;
+      for (int d = 0; ok && d < nd; ++d) {
+        const bool same = a.src_box.offset[d] == b.src_box.offset[d] && a.src_box.size[d] == b.src_box.size[d] &&
+                          a.dst_box.offset[d] == b.dst_box.offset[d] && a.dst_box.size[d] == b.dst_box.size[d];
+        if (same) continue;
+        const bool next = a.src_box.offset[d] + a.src_box.size[d] == b.src_box.offset[d] &&
+                          a.dst_box.offset[d] + a.dst_box.size[d] == b.dst_box.offset[d] &&
+                          a.src_box.size[d] == a.dst_box.size[d] && b.src_box.size[d] == b.dst_box.size[d];
+        ok = next && along < 0;
+        along = d;
+      }
+      if (ok && along >= 0) {
+        a.src_box.size[along] += b.src_box.size[along];
+        a.dst_box.size[along] += b.dst_box.size[along];
+        merged = true;
+      }
+    }
+    if (!merged) (*segs)[++w] = b;
+  }
+  segs->resize(w + 1);
+}
+
+// Appends `seg` (part coords, `base` not yet added) one row at a time: row k
+// of the engine piece comes from the source row holding it in interleaved
+// RoPE order (MappingPart::rope_interleaved_heads). `rows` is the part's row
+// count; the rank's piece must hold whole heads.
+Status PushRopeRows(const Segment& seg, int64_t rows, int64_t heads, const std::array<int64_t, kMaxDims>& base,
+                    const InferenceTensor& t, const TensorWhere& where, const std::string& name,
+                    std::vector<Segment>* out) {
+  const std::string what = where + ": source '" + name + "': rope_interleaved_heads " + std::to_string(heads);
+  if (t.dtype == DType::kFP8E4M3)
+    return InvalidArgument(what + ": reordering RoPE rows takes one write per row, which cuts fp8 128x128 "
+                           "blocks; use a bf16 engine or a trainer that stores HF row order");
+  if (rows % heads != 0 || (rows / heads) % 2 != 0)
+    return InvalidArgument(what + ": " + std::to_string(rows) + " rows are not that many heads of an even size");
+  const int64_t hd = rows / heads, half = hd / 2;
+  const int64_t o = seg.src_box.offset[0], n = seg.src_box.size[0];
+  if (o % hd != 0 || n % hd != 0)
+    return InvalidArgument(what + ": this rank's rows [" + std::to_string(o) + ", " + std::to_string(o + n) +
+                           ") cut a head of " + std::to_string(hd) + " rows (choose a TP size that divides the heads)");
+  Segment row = seg;
+  for (int d = 0; d < seg.src_box.ndim; ++d) row.src_box.offset[d] += base[d];
+  row.src_box.size[0] = 1;
+  row.dst_box.size[0] = 1;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t g = o + k, w = g % hd;  // engine (half-split) order
+    row.src_box.offset[0] = base[0] + g - w + 2 * (w % half) + w / half;
+    row.dst_box.offset[0] = seg.dst_box.offset[0] + k;
+    out->push_back(row);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 SourceCatalog BuildSourceCatalog(const TrainerSpec& spec) {
@@ -98,6 +175,7 @@ Status Mapper::Resolve(const InferenceTensor& t, const TensorWhere& where,
     } else {
       WSYNC_RETURN_IF_ERROR(ResolveRule(rule, b, t, where, out, used));
     }
+    MergeAdjacent(out, first);
     // dtype: equal, a plain float cast, or a quantize rule.
     conv->quant = nullptr;
     if (t.dtype == DType::kFP8E4M3) {
@@ -168,6 +246,27 @@ StatusOr<int32_t> Mapper::FindSource(const Rule& rule, size_t i, const PatternBi
   return idx;
 }
 
+StatusOr<Mapper::PartView> Mapper::ViewOf(const Rule& rule, size_t i, int32_t idx,
+                                           const TensorWhere& where) const {
+  const MappingPart& part = rule.rule->parts[i];
+  const TrainerParam& p = *catalog_->params[idx];
+  PartView v;
+  v.shape = p.global_shape;
+  if (!part.chunk) return v;
+  const MappingPart::Chunk& c = *part.chunk;
+  const std::string what = where + ": source '" + p.name + "' " + ShapeStr(p.global_shape) + ": " + ChunkStr(c);
+  const std::string rule_of = " (rule '" + rule.rule->engine + "' of " + mapping_source_ + ")";
+  if (c.dim >= static_cast<int32_t>(v.shape.size()))
+    return InvalidArgument(what + " names a dim the source does not have" + rule_of);
+  const int64_t n = v.shape[c.dim];
+  if (n % c.count != 0)
+    return InvalidArgument(what + ": dim " + std::to_string(c.dim) + " (" + std::to_string(n) +
+                           ") does not divide into " + std::to_string(c.count) + " equal pieces" + rule_of);
+  v.shape[c.dim] = n / c.count;
+  v.base[c.dim] = c.index * v.shape[c.dim];
+  return v;
+}
+
 Status Mapper::ResolveRule(const Rule& rule, const PatternBindings& b, const InferenceTensor& t,
                            const TensorWhere& where, std::vector<Segment>* out,
                            std::vector<uint8_t>* used) const {
@@ -184,7 +283,8 @@ Status Mapper::ResolveRule(const Rule& rule, const PatternBindings& b, const Inf
   for (size_t i = 0; i < rule.sources.size(); ++i) {
     WSYNC_ASSIGN_OR_RETURN(const int32_t idx, FindSource(rule, i, b, where, used));
     name = catalog_->params[idx]->name;
-    const Shape& S = catalog_->params[idx]->global_shape;
+    WSYNC_ASSIGN_OR_RETURN(const PartView view, ViewOf(rule, i, idx, where));
+    const Shape& S = view.shape;  // the part: the source, or its chunk
     if (static_cast<int>(S.size()) != nd)
       return InvalidArgument(where + ": shape " + ShapeStr(D) + " has " + std::to_string(nd) +
                              " dims but source '" + name + "' is " + ShapeStr(S));
@@ -217,6 +317,11 @@ Status Mapper::ResolveRule(const Rule& rule, const PatternBindings& b, const Inf
     }
     seg.dst_box.offset[c] = cursor;
     cursor += seg.src_box.size[c];
+    if (const std::optional<int64_t>& heads = rule.rule->parts[i].rope_interleaved_heads) {
+      WSYNC_RETURN_IF_ERROR(PushRopeRows(seg, S[0], *heads, view.base, t, where, name, out));
+      continue;
+    }
+    for (int d = 0; d < nd; ++d) seg.src_box.offset[d] += view.base[d];
     out->push_back(seg);
   }
   expect[c] = cursor;
@@ -264,7 +369,8 @@ Status Mapper::ResolveStack(const Rule& rule, const PatternBindings& bound,
       b.Set("E", num);
       WSYNC_ASSIGN_OR_RETURN(const int32_t idx, FindSource(rule, i, b, where, used));
       name = catalog_->params[idx]->name;
-      const Shape& S = catalog_->params[idx]->global_shape;
+      WSYNC_ASSIGN_OR_RETURN(const PartView view, ViewOf(rule, i, idx, where));
+      const Shape& S = view.shape;  // the part: the source, or its chunk
       Shape P;  // per-expert shape
       if (stacked) {
         if (ed >= static_cast<int>(S.size()) || static_cast<int>(S.size()) != nd)
@@ -329,7 +435,9 @@ Status Mapper::ResolveStack(const Rule& rule, const PatternBindings& bound,
           seg.src_box.size[ed] = step;
           seg.dst_box.offset[0] = x - e0;
           seg.dst_box.size[0] = step;
-          out->push_back(seg);
+          Segment placed = seg;
+          for (int d = 0; d < nd; ++d) placed.src_box.offset[d] += view.base[d];
+          out->push_back(placed);
         }
       } else {
         for (int d = 0; d < pe_nd; ++d) {
@@ -340,6 +448,7 @@ Status Mapper::ResolveStack(const Rule& rule, const PatternBindings& bound,
         seg.dst_to_src[0] = -1;
         seg.dst_box.offset[0] = e - e0;
         seg.dst_box.size[0] = 1;
+        for (int d = 0; d < pe_nd; ++d) seg.src_box.offset[d] += view.base[d];
         out->push_back(seg);
       }
     }

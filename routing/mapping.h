@@ -4,7 +4,9 @@
 // For an engine tensor it finds the first matching rule of the MappingSpec
 // (docs/SCHEMA.md, wsync.mapping/v1) and lists source segments: a box of one
 // trainer tensor (global element coords) and the box of the destination
-// local tensor it lands in. Segments tile the destination exactly; every
+// local tensor it lands in (a part may read only a chunk of its source, or
+// its rows reordered per RoPE head; consecutive segments that form one box
+// are merged). Segments tile the destination exactly; every
 // inconsistency (no rule, unknown source, shapes that do not tile, dtypes
 // with no rule, fp8 blocks cut by a TP/concat boundary) is one error line
 // naming the inference file, rank and tensor.
@@ -93,6 +95,13 @@ class Mapper {
   // catalog index; NotFound naming the rule if it is not a trainer tensor.
   StatusOr<int32_t> FindSource(const Rule& rule, size_t i, const PatternBindings& b, const TensorWhere& where,
                                std::vector<uint8_t>* used) const;
+  // The box of its source that part `i` of `rule` reads (the whole source, or
+  // its chunk): shape and offset in source coords. Errors name the rule.
+  struct PartView {
+    Shape shape;
+    std::array<int64_t, kMaxDims> base{};
+  };
+  StatusOr<PartView> ViewOf(const Rule& rule, size_t i, int32_t idx, const TensorWhere& where) const;
   Status ResolveRule(const Rule& rule, const PatternBindings& b, const InferenceTensor& t,
                      const TensorWhere& where, std::vector<Segment>* out,
                      std::vector<uint8_t>* used) const;

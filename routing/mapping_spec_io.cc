@@ -11,9 +11,11 @@ namespace {
 
 constexpr char kMappingSchema[] = "wsync.mapping/v1";
 
-// `shards` is an integer or "{config_key}" looked up in the model config.
-bool ReadShards(JsonObjectReader& r, const json* config, std::optional<int64_t>* out) {
-  const json* v = r.Raw("shards", false);
+// `key` (shards, rope_interleaved_heads) is an integer or "{config_key}"
+// looked up in the model config.
+bool ReadCount(JsonObjectReader& r, const char* key, const json* config, std::optional<int64_t>* out) {
+  const std::string k = std::string("'") + key + "'";
+  const json* v = r.Raw(key, false);
   if (!v) return true;
   if (v->is_number_integer()) {
     *out = v->get<int64_t>();
@@ -22,22 +24,37 @@ bool ReadShards(JsonObjectReader& r, const json* config, std::optional<int64_t>*
   if (v->is_string()) {
     const std::string s = v->get<std::string>();
     if (s.size() > 2 && s.front() == '{' && s.back() == '}') {
-      const std::string key = s.substr(1, s.size() - 2);
+      const std::string name = s.substr(1, s.size() - 2);
       if (!config) {
-        r.Fail("'shards' is '" + s + "' but no model config was given to resolve it");
+        r.Fail(k + " is '" + s + "' but no model config was given to resolve it");
         return false;
       }
-      if (!config->is_object() || !config->contains(key) ||
-          !(*config)[key].is_number_integer()) {
-        r.Fail("'shards' is '" + s + "' but the model config has no integer '" + key + "'");
+      if (!config->is_object() || !config->contains(name) ||
+          !(*config)[name].is_number_integer()) {
+        r.Fail(k + " is '" + s + "' but the model config has no integer '" + name + "'");
         return false;
       }
-      *out = (*config)[key].get<int64_t>();
+      *out = (*config)[name].get<int64_t>();
       return true;
     }
   }
-  r.Fail("'shards' must be an integer or \"{config_key}\", got " + v->dump());
+  r.Fail(k + " must be an integer or \"{config_key}\", got " + v->dump());
   return false;
+}
+
+// "chunk": {"dim": d, "index": i, "count": n}, all three required; ranges
+// are checked by ValidateMapping, divisibility when planning.
+Status ReadChunk(JsonObjectReader& r, std::optional<MappingPart::Chunk>* out) {
+  const nlohmann::json* v = r.Object("chunk", false);
+  if (!v) return Status::Ok();
+  JsonObjectReader c(*v, r.where() + ": chunk");
+  MappingPart::Chunk chunk;
+  c.Int32("dim", &chunk.dim);
+  c.Int("index", &chunk.index);
+  c.Int("count", &chunk.count);
+  WSYNC_RETURN_IF_ERROR(c.Finish());
+  *out = chunk;
+  return Status::Ok();
 }
 
 Status ParseParts(const json& j, const std::string& where, const json* config,
@@ -52,7 +69,9 @@ Status ParseParts(const json& j, const std::string& where, const json* config,
       int32_t d = 0;
       if (r.Int32("expert_dim", &d, false)) p.expert_dim = d;
     }
-    ReadShards(r, config, &p.shards);
+    ReadCount(r, "shards", config, &p.shards);
+    if (!allow_expert_dim) ReadCount(r, "rope_interleaved_heads", config, &p.rope_interleaved_heads);
+    WSYNC_RETURN_IF_ERROR(ReadChunk(r, &p.chunk));
     WSYNC_RETURN_IF_ERROR(r.Finish());
     parts->push_back(std::move(p));
   }
@@ -79,6 +98,8 @@ Status ParseRule(const json& j, const std::string& where_in, const json* config,
   MappingPart part;
   if (r.Str("source", &part.source, false)) {
     rule->kind = MappingRule::Kind::kDirect;
+    WSYNC_RETURN_IF_ERROR(ReadChunk(r, &part.chunk));
+    ReadCount(r, "rope_interleaved_heads", config, &part.rope_interleaved_heads);
     rule->parts.push_back(part);
   } else if (r.Str("tied", &part.source, false)) {
     rule->kind = MappingRule::Kind::kTied;
@@ -98,10 +119,16 @@ Status ParseRule(const json& j, const std::string& where_in, const json* config,
   return r.Finish();
 }
 
+json ChunkToJson(const MappingPart::Chunk& c) {
+  return {{"dim", c.dim}, {"index", c.index}, {"count", c.count}};
+}
+
 json PartToJson(const MappingPart& p) {
   json j = {{"source", p.source}};
   if (p.expert_dim) j["expert_dim"] = *p.expert_dim;
   if (p.shards) j["shards"] = *p.shards;
+  if (p.chunk) j["chunk"] = ChunkToJson(*p.chunk);
+  if (p.rope_interleaved_heads) j["rope_interleaved_heads"] = *p.rope_interleaved_heads;
   return j;
 }
 
@@ -158,10 +185,14 @@ json ToJson(const MappingSpec& spec) {
       case MappingRule::Kind::kSkip:
         rules.push_back({{"skip", rule.engine}});
         break;
-      case MappingRule::Kind::kDirect:
-        rules.push_back({{"engine", rule.engine},
-                         {"source", rule.parts.empty() ? "" : rule.parts[0].source}});
+      case MappingRule::Kind::kDirect: {
+        json r = {{"engine", rule.engine}, {"source", rule.parts.empty() ? "" : rule.parts[0].source}};
+        if (!rule.parts.empty() && rule.parts[0].chunk) r["chunk"] = ChunkToJson(*rule.parts[0].chunk);
+        if (!rule.parts.empty() && rule.parts[0].rope_interleaved_heads)
+          r["rope_interleaved_heads"] = *rule.parts[0].rope_interleaved_heads;
+        rules.push_back(std::move(r));
         break;
+      }
       case MappingRule::Kind::kTied:
         rules.push_back({{"engine", rule.engine},
                          {"tied", rule.parts.empty() ? "" : rule.parts[0].source}});

@@ -152,6 +152,22 @@ struct MappingPart {
   // (GQA k/v heads replicated when tp > num_kv_heads). May be "{name}" in
   // JSON, resolved from the model config at load time.
   std::optional<int64_t> shards;
+  // Takes piece `index` of `count` equal pieces of the source along source
+  // dim `dim` instead of the whole source; TP, `shards` and expert ranges
+  // then apply to that piece as if it were the source (HF's fused experts
+  // gate_up_proj [E, 2I, H]: gate = piece 0 of 2 on dim 1, up = piece 1).
+  struct Chunk {
+    int32_t dim = 0;
+    int64_t index = 0;
+    int64_t count = 1;
+  };
+  std::optional<Chunk> chunk = std::nullopt;
+  // The source's rows (dim 0) hold this many heads, each in interleaved RoPE
+  // order (x0, y0, x1, y1, ...: Meta's and torchtitan's Llama wq/wk); the
+  // engine wants HF's half-split order (x0, x1, ..., y0, y1, ...). Engine
+  // row h*hd + j*hd/2 + i comes from source row h*hd + 2i + j, one write per
+  // row. May be "{name}" in JSON like `shards`. Not for fp8 destinations.
+  std::optional<int64_t> rope_interleaved_heads = std::nullopt;
 };
 
 struct MappingRule {

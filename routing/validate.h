@@ -36,8 +36,9 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
 // Patterns well formed ({L}, {E}, {*} and other {Name} decimal placeholders;
 // braces balanced); every placeholder a source uses is bound by the engine
 // pattern ({E} also by stack_experts); stack_experts parts use {E} or
-// expert_dim, not both; shards > 0; quantize rules have positive blocks and
-// at most one rule per dtype.
+// expert_dim, not both; shards > 0; a chunk has 0 <= index < count and a
+// dim below kMaxDims (not on tied or {*} rules); quantize rules have
+// positive blocks and at most one rule per dtype.
 Status ValidateMapping(const MappingSpec& spec, const std::string& source);
 
 // Ranks listed as 0..N-1, each once (N > 0); `role` names them in the error.

@@ -198,9 +198,29 @@ Status ValidateMapping(const MappingSpec& spec, const std::string& source) {
       }
       if (part.shards && *part.shards <= 0)
         return InvalidArgument(where + "shards must be positive, got " + std::to_string(*part.shards));
+      if (part.chunk) {
+        const MappingPart::Chunk& c = *part.chunk;
+        if (c.dim < 0 || c.dim >= kMaxDims)
+          return InvalidArgument(where + "source '" + part.source + "': chunk dim " + std::to_string(c.dim) +
+                                 " out of range [0, " + std::to_string(kMaxDims) + ")");
+        if (c.count < 1 || c.index < 0 || c.index >= c.count)
+          return InvalidArgument(where + "source '" + part.source + "': chunk index " + std::to_string(c.index) +
+                                 " of count " + std::to_string(c.count) + " (need count >= 1, 0 <= index < count)");
+        if (rule.kind == MappingRule::Kind::kTied)
+          return InvalidArgument(where + "a tied rule copies its source whole; chunk is not allowed");
+      }
+      if (part.rope_interleaved_heads) {
+        if (*part.rope_interleaved_heads <= 0)
+          return InvalidArgument(where + "source '" + part.source + "': rope_interleaved_heads must be positive, got " +
+                                 std::to_string(*part.rope_interleaved_heads));
+        if (stack || rule.kind == MappingRule::Kind::kTied)
+          return InvalidArgument(where + "source '" + part.source +
+                                 "': rope_interleaved_heads is only for source and concat rules");
+      }
     }
     if (engine->HasPlaceholder("*") &&
-        (rule.kind != MappingRule::Kind::kDirect || rule.parts[0].source.find("{*}") == std::string::npos))
+        (rule.kind != MappingRule::Kind::kDirect || rule.parts[0].source.find("{*}") == std::string::npos ||
+         rule.parts[0].chunk || rule.parts[0].rope_interleaved_heads))
       return InvalidArgument(where + "{*} is only allowed in an identity rule {engine: X, source: X}");
   }
   for (size_t i = 0; i < spec.quant.size(); ++i) {

@@ -3,8 +3,12 @@
 // ranges, fused and stacked tensors, an fp8 tensor. Each plan is checked by
 // the independent checker (bytes written exactly once, in bounds, held by the
 // sender) and every destination element's origin is compared with an
-// expectation computed here from torch.chunk, not from the planner.
+// expectation computed here from torch.chunk, not from the planner. A fused
+// stacked source read as `chunk` parts in random order (transformers 5.x
+// gate_up_proj) is among them.
+#include <algorithm>
 #include <functional>
+#include <numeric>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -94,6 +98,8 @@ Scenario MakeScenario(uint32_t seed) {
     add("pe." + std::to_string(e) + ".gate", {A2, B2}, pe_group);
     add("pe." + std::to_string(e) + ".up", {A2, B2}, pe_group);
   }
+  const int64_t E3 = g.Int(1, 5), K3 = g.Int(1, 3), A3 = g.Int(1, 8), B3 = g.Int(1, 8);
+  add("gu.w", {E3, K3 * A3, B3}, g.Pick(group_names));
   const int64_t M8 = g.Int(1, 2), C8 = g.Pick(std::vector<int64_t>{100, 128, 200, 256});
   add("q8", {128 * M8, C8}, "full");
   add("unused.buf", {4}, g.Pick(group_names));
@@ -117,8 +123,18 @@ Scenario MakeScenario(uint32_t seed) {
   if (moe_stack_rule) moe = {MappingRule::Kind::kStackExperts, "experts.w", {{"moe.w", 0, std::nullopt}}, 0};
   MappingRule pe{MappingRule::Kind::kStackExperts, "pe_fused",
                  {{"pe.{E}.gate", std::nullopt, std::nullopt}, {"pe.{E}.up", std::nullopt, std::nullopt}}, 0};
+  // gu_fused[e] = the K3 chunks of gu.w[e] along dim 1, in `gu_order`.
+  std::vector<int64_t> gu_order(K3);
+  std::iota(gu_order.begin(), gu_order.end(), 0);
+  if (g.Coin()) std::reverse(gu_order.begin(), gu_order.end());
+  MappingRule gu{MappingRule::Kind::kStackExperts, "gu_fused", {}, 0};
+  for (int64_t k : gu_order) {
+    MappingPart part{"gu.w", 0, std::nullopt};
+    part.chunk = MappingPart::Chunk{1, k, K3};
+    gu.parts.push_back(part);
+  }
   sc.mapping.name = "prop";
-  sc.mapping.rules = {fused, moe, pe, {MappingRule::Kind::kSkip, "unused.{*}", {}, 0},
+  sc.mapping.rules = {fused, moe, pe, gu, {MappingRule::Kind::kSkip, "unused.{*}", {}, 0},
                       {MappingRule::Kind::kDirect, "{*}", {{"{*}", std::nullopt, std::nullopt}}, 0}};
   sc.mapping.quant.push_back(QuantRule{});
 
@@ -128,6 +144,7 @@ Scenario MakeScenario(uint32_t seed) {
   const bool moe_ep = g.Coin();
   const int moe_tpd = static_cast<int>(g.Int(1, 2));
   const int pe_mode = static_cast<int>(g.Int(0, 2));  // 0: EP, 1: TP dim 1, 2: TP dim 2
+  const int gu_mode = static_cast<int>(g.Int(0, 2));
   for (int64_t r = 0; r < T * instances; ++r) {
     InferenceRank rank;
     rank.rank = static_cast<int32_t>(r);
@@ -218,6 +235,25 @@ Scenario MakeScenario(uint32_t seed) {
           const bool up = l[1] >= rs;
           const std::string name = "pe." + std::to_string(l[0] + s0) + (up ? ".up" : ".gate");
           return std::make_pair(name, std::vector<int64_t>{(up ? l[1] - rs : l[1]) + ro, l[2] + co});
+        });
+      }
+    }
+    {  // gu_fused[e] = chunks of gu.w[e] (each K3-th of dim 1) in gu_order, each TP-cut
+      const int mode = gu_mode;
+      int64_t start = 0, count = E3;
+      if (mode == 0) std::tie(start, count) = TorchChunks(E3, T)[tr];
+      auto [roff, rsz] = mode == 1 ? TorchChunks(A3, T)[tr] : std::pair<int64_t, int64_t>(0, A3);
+      auto [coff, csz] = mode == 2 ? TorchChunks(B3, T)[tr] : std::pair<int64_t, int64_t>(0, B3);
+      if (count > 0) {
+        std::optional<TpSlice> tp;
+        if (mode > 0) tp = tp_on(mode);
+        testing::AddTensor(&rank, "gu_fused", Shape{count, K3 * rsz, csz}, DType::kBF16, tp,
+                           mode == 0 ? std::optional<ExpertRange>(ExpertRange{start, start + count}) : std::nullopt);
+        const int64_t s0 = start, ro = roff, rs = rsz, co = coff, a = A3;
+        sc.expect.push_back([s0, ro, rs, co, a, gu_order](const std::vector<int64_t>& l) {
+          const int64_t part = l[1] / rs, within = l[1] % rs;
+          return std::make_pair(std::string("gu.w"),
+                                std::vector<int64_t>{l[0] + s0, gu_order[part] * a + ro + within, l[2] + co});
         });
       }
     }
