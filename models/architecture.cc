@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "models/torchtitan_names.h"
+
 namespace wsync {
 namespace {
 
@@ -10,13 +12,22 @@ std::string LayerPrefix(int64_t l) { return "model.layers." + std::to_string(l) 
 // Appends trainer params; one helper per block keeps the families readable.
 class TrainerList {
  public:
-  explicit TrainerList(std::vector<TrainerParamDef>* out) : out_(out) {}
-  void Add(std::string name, Shape shape, int32_t layer, bool expert = false) {
-    out_->push_back({std::move(name), std::move(shape), layer, expert});
+  TrainerList(std::vector<TrainerParamDef>* out, const TrainerFlavor& flavor)
+      : out_(out), flavor_(flavor) {}
+  TrainerParamDef& Add(std::string name, Shape shape, int32_t layer, bool expert = false) {
+    TrainerParamDef p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.layer = layer;
+    p.expert = expert;
+    out_->push_back(std::move(p));
+    return out_->back();
   }
+  const TrainerFlavor& flavor() const { return flavor_; }
 
  private:
   std::vector<TrainerParamDef>* out_;
+  TrainerFlavor flavor_;
 };
 
 class EngineList {
@@ -107,10 +118,25 @@ void TrainerDenseMlp(const std::string& p, int64_t hidden, int64_t inter, int32_
 void TrainerMoe(const ModelDims& d, int32_t l, TrainerList* t) {
   const std::string p = LayerPrefix(l) + "mlp.";
   const int64_t e = d.experts, i = d.moe_intermediate, h = d.hidden;
-  t->Add(p + "gate.weight", {e, h}, l);
-  if (d.router_bias) t->Add(p + "gate.e_score_correction_bias", {e}, l);
-  t->Add(p + "experts.gate_proj", {e, i, h}, l, /*expert=*/true);
-  t->Add(p + "experts.up_proj", {e, i, h}, l, true);
+  const TrainerFlavor& f = t->flavor();
+  TrainerParamDef& router = t->Add(p + "gate.weight", {e, h}, l);
+  // transformers 5.x keeps DeepSeek-V3's router in fp32
+  // (_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]).
+  router.fp32 = f.hf_fused_experts && d.family == ModelFamily::kDeepseekV3;
+  if (d.router_bias || f.torchtitan_names) {
+    // A persistent fp32 buffer in transformers 5.x and torchtitan
+    // (moe.expert_bias, there on every MoE layer: MoEArgs.load_balance_coeff
+    // defaults to 1e-3, so Qwen3 has one that vLLM does not use); the
+    // stacked HF-name layout keeps the older assumption of a parameter.
+    TrainerParamDef& bias = t->Add(p + "gate.e_score_correction_bias", {e}, l);
+    bias.buffer = bias.fp32 = f.hf_fused_experts || f.torchtitan_names;
+  }
+  if (f.hf_fused_experts) {
+    t->Add(p + "experts.gate_up_proj", {e, 2 * i, h}, l, /*expert=*/true);
+  } else {
+    t->Add(p + "experts.gate_proj", {e, i, h}, l, /*expert=*/true);
+    t->Add(p + "experts.up_proj", {e, i, h}, l, true);
+  }
   t->Add(p + "experts.down_proj", {e, h, i}, l, true);
   if (d.shared_experts > 0) {
     TrainerDenseMlp(p + "shared_experts.", h, i * d.shared_experts, l, t);
@@ -202,10 +228,10 @@ void EngineMoe(const ModelDims& d, int32_t l, EngineList* e) {
 
 }  // namespace
 
-std::vector<TrainerParamDef> TrainerParams(const ModelDims& d) {
+std::vector<TrainerParamDef> TrainerParams(const ModelDims& d, const TrainerFlavor& flavor) {
   std::vector<TrainerParamDef> out;
   out.reserve(static_cast<size_t>(d.layers) * 20 + 3);
-  TrainerList t(&out);
+  TrainerList t(&out, flavor);
   TrainerEmbed(d, &t);
   for (int32_t l = 0; l < d.layers; ++l) {
     if (d.family == ModelFamily::kDeepseekV3) {
@@ -220,6 +246,9 @@ std::vector<TrainerParamDef> TrainerParams(const ModelDims& d) {
     }
   }
   TrainerFinal(d, &t);
+  if (flavor.torchtitan_names) {
+    for (TrainerParamDef& p : out) p.name = TorchtitanName(p.name);
+  }
   return out;
 }
 

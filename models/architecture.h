@@ -1,7 +1,8 @@
 // What each supported architecture stores, on both sides of a weight sync:
-// the trainer's parameters (HF names, experts stacked per layer the way
-// torchtitan keeps them) and the inference engine's tensors (vLLM names and
-// fused layouts), all in their logical, unsharded form.
+// the trainer's parameters (HF names with experts stacked per projection,
+// transformers 5.x's fused experts, or torchtitan's own names) and the
+// inference engine's tensors (vLLM names and fused layouts), all in their
+// logical, unsharded form.
 //
 // Internal to models/: the generators (trainer_gen.cc, inference_gen.cc)
 // shard these per rank. The names here must agree with the family's mapping
@@ -28,6 +29,21 @@ struct TrainerParamDef {
   int32_t layer = 0;
   // A stacked expert tensor [E, ...]: Shard(0) over ep, Shard(1) over fsdp.
   bool expert = false;
+  // A module buffer, not a parameter: FSDP2 leaves it whole on every rank
+  // (Replicate) and it keeps its own dtype, fp32 (router score bias).
+  bool buffer = false;
+  bool fp32 = false;  // kept in fp32 whatever the training dtype
+};
+
+// How the trainer's model names and stores its weights.
+struct TrainerFlavor {
+  // transformers 5.x fused experts: one experts.gate_up_proj [E, 2I, H]
+  // (gate rows, then up rows) and one experts.down_proj [E, H, I] per layer,
+  // instead of gate_proj / up_proj / down_proj stacked apart.
+  bool hf_fused_experts = false;
+  // torchtitan v0.2.2 FQNs (tok_embeddings, layers.N.attention.wq, ...,
+  // moe.experts.w1/w2/w3) instead of HF names; see torchtitan_names.h.
+  bool torchtitan_names = false;
 };
 
 // One part of a fused engine tensor along its split dim (q, k, v of qkv_proj;
@@ -53,7 +69,7 @@ struct EngineTensorDef {
 };
 
 // In execution order: embedding, layers 0..L-1, final norm, lm_head.
-std::vector<TrainerParamDef> TrainerParams(const ModelDims& dims);
+std::vector<TrainerParamDef> TrainerParams(const ModelDims& dims, const TrainerFlavor& flavor = {});
 std::vector<EngineTensorDef> EngineTensors(const ModelDims& dims);
 
 }  // namespace wsync

@@ -115,6 +115,7 @@ StatusOr<ClusterSpec> ParseClusterSpec(const nlohmann::json& j, const std::strin
   t.Int("ep", &tl.ep, false);
   t.Dtype("dtype", &tl.dtype, false);
   t.Str("expert_layout", &tl.expert_layout, false);
+  t.Str("param_names", &tl.param_names, false);
   t.Str("rank_order", &tl.rank_order, false);
   WSYNC_RETURN_IF_ERROR(t.Finish());
 
@@ -151,7 +152,8 @@ nlohmann::json ClusterSpecToJson(const ClusterSpec& s) {
       {"trainer",
        {{"gpus", t.gpus}, {"gpus_per_node", t.gpus_per_node}, {"nics_per_node", t.nics_per_node},
         {"fsdp", t.fsdp}, {"pp", t.pp}, {"ep", t.ep}, {"dtype", std::string(DTypeName(t.dtype))},
-        {"expert_layout", t.expert_layout}, {"rank_order", t.rank_order}}},
+        {"expert_layout", t.expert_layout}, {"param_names", t.param_names},
+        {"rank_order", t.rank_order}}},
       {"inference",
        {{"gpus", i.gpus}, {"gpus_per_node", i.gpus_per_node}, {"nics_per_node", i.nics_per_node},
         {"gpus_per_instance", i.gpus_per_instance}, {"tp", i.tp}, {"ep", i.ep},

@@ -25,7 +25,13 @@ struct TrainerLayout {
   int32_t pp = 1;
   int32_t ep = 1;                     // expert parallel inside each PP stage
   DType dtype = DType::kBF16;
-  std::string expert_layout = "stacked";  // only "stacked" (torchtitan) today
+  // How routed experts are stored per layer: "stacked" (gate_proj, up_proj,
+  // down_proj, each [E, ...]) or "hf_fused" (transformers 5.x:
+  // experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]).
+  std::string expert_layout = "stacked";
+  // Parameter names: "hf" (transformers) or "torchtitan" (v0.2.2 FQNs;
+  // experts "stacked" as its GroupedExperts w1/w3/w2).
+  std::string param_names = "hf";
   // Order of ranks inside a PP stage: "ep_inner" (i = f*E + e, torchtitan's
   // default: an EP group shares a node, FSDP crosses nodes) or "fsdp_inner"
   // (i = e*F + f: FSDP groups share nodes, so full_tensor stays on NVLink).

@@ -1,4 +1,6 @@
 // Trainer side of the generator: torchtitan-style FSDP2 x PP x EP.
+// (Buffers such as a router's score bias are not sharded by FSDP2: every
+// rank holds them whole, Replicate on the dense mesh.)
 //
 // Rank order is PP-major (torchtitan's mesh puts "pp" outermost): stage s owns
 // ranks [s*F*E, (s+1)*F*E). Inside a stage, rank-local index i = f*E + e.
@@ -20,6 +22,7 @@ struct StageTemplate {
   std::string dense_mesh, expert_mesh;
   std::vector<TrainerParam> params;   // local_shape/offset filled per rank
   std::vector<bool> is_expert;
+  std::vector<bool> is_buffer;
   bool has_experts = false;
 };
 
@@ -46,8 +49,16 @@ Status CheckLayout(const ModelDims& d, const TrainerLayout& t) {
     return bad("ep is " + std::to_string(t.ep) +
                " but the model has no routed experts; set ep to 1");
   }
-  if (t.expert_layout != "stacked") {
-    return bad("expert_layout '" + t.expert_layout + "' is not supported (use \"stacked\")");
+  if (t.expert_layout != "stacked" && t.expert_layout != "hf_fused") {
+    return bad("expert_layout '" + t.expert_layout +
+               "' is not one of \"stacked\", \"hf_fused\" (transformers 5.x fused experts)");
+  }
+  if (t.param_names != "hf" && t.param_names != "torchtitan") {
+    return bad("param_names '" + t.param_names + "' is not one of \"hf\", \"torchtitan\"");
+  }
+  if (t.param_names == "torchtitan" && t.expert_layout != "stacked") {
+    return bad("param_names \"torchtitan\" stores experts stacked (moe.experts.w1/w2/w3); "
+               "set expert_layout to \"stacked\"");
   }
   if (t.rank_order != "ep_inner" && t.rank_order != "fsdp_inner") {
     return bad("rank_order '" + t.rank_order + "' is not one of \"ep_inner\", \"fsdp_inner\"");
@@ -60,7 +71,10 @@ Status CheckLayout(const ModelDims& d, const TrainerLayout& t) {
 
 Status BuildTrainerSpec(const ModelDims& d, const TrainerLayout& t, TrainerSpec* out) {
   WSYNC_RETURN_IF_ERROR(CheckLayout(d, t));
-  const std::vector<TrainerParamDef> defs = TrainerParams(d);
+  TrainerFlavor flavor;
+  flavor.hf_fused_experts = t.expert_layout == "hf_fused";
+  flavor.torchtitan_names = t.param_names == "torchtitan";
+  const std::vector<TrainerParamDef> defs = TrainerParams(d, flavor);
   const int64_t per_stage = int64_t{t.fsdp} * t.ep;
 
   std::vector<StageTemplate> stages(static_cast<size_t>(t.pp));
@@ -79,8 +93,11 @@ Status BuildTrainerSpec(const ModelDims& d, const TrainerLayout& t, TrainerSpec*
       TrainerParam p;
       p.name = def.name;
       p.global_shape = def.shape;
-      p.dtype = t.dtype;
-      if (def.expert) {
+      p.dtype = def.fp32 ? DType::kFP32 : t.dtype;
+      if (def.buffer) {
+        p.mesh = st.dense_mesh;
+        p.placements = {Placement::Replicate()};
+      } else if (def.expert) {
         p.mesh = st.expert_mesh;
         p.placements = {Placement::Shard(1), Placement::Shard(0)};
         st.has_experts = true;
@@ -91,6 +108,7 @@ Status BuildTrainerSpec(const ModelDims& d, const TrainerLayout& t, TrainerSpec*
       p.mesh_group = p.mesh;
       st.params.push_back(std::move(p));
       st.is_expert.push_back(def.expert);
+      st.is_buffer.push_back(def.buffer);
     }
     spec.mesh_groups.push_back({st.dense_mesh, st.dense_mesh, {"dp_shard"}});
     if (st.has_experts) spec.mesh_groups.push_back({st.expert_mesh, st.expert_mesh, {"fsdp"}});
@@ -117,6 +135,7 @@ Status BuildTrainerSpec(const ModelDims& d, const TrainerLayout& t, TrainerSpec*
       TrainerParam& p = rank.params[i];
       p.local_shape = p.global_shape;
       p.local_offset.assign(p.global_shape.size(), 0);
+      if (st.is_buffer[i]) continue;  // whole on every rank
       if (st.is_expert[i]) {
         ChunkPiece by_fsdp = TorchChunk(p.global_shape[1], t.fsdp, f);
         ChunkPiece by_ep = TorchChunk(p.global_shape[0], t.ep, e);

@@ -178,6 +178,48 @@ TEST(TrainerSharding, EveryExampleCoversEachParamOnceAndEachRankHoldsItsShare) {
   }
 }
 
+TEST(TrainerSharding, HfFusedExpertsAreOneGateUpPerLayerShardedLikeStacked) {
+  // transformers 5.x: experts.gate_up_proj [E, 2I, H] (gate rows, then up
+  // rows) and experts.down_proj [E, H, I], on the same [fsdp, ep] mesh with
+  // Shard(1), Shard(0) as the stacked layout.
+  auto cluster = LoadClusterSpec(test::ExampleCluster("tiny-moe-4x2"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  cluster->trainer.expert_layout = "hf_fused";
+  auto config = ReadJsonDocument(cluster->model_path);
+  ASSERT_TRUE(config.ok());
+  auto specs = GenerateSpecs(*config, *cluster);
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  ExpectShardsCoverEachParamOnce(specs->trainer);
+  ExpectEveryRankHoldsItsShare(specs->trainer);
+  const TrainerRank& r3 = specs->trainer.ranks[3];  // fsdp 1, ep 1
+  int fused = 0;
+  for (const TrainerParam& p : r3.params) {
+    EXPECT_EQ(p.name.find("experts.gate_proj"), std::string::npos) << p.name;
+    EXPECT_EQ(p.name.find("experts.up_proj"), std::string::npos) << p.name;
+    if (p.name != "model.layers.2.mlp.experts.gate_up_proj") continue;
+    ++fused;
+    // [6, 96, 64]: experts 3..5 (ep 1), rows 48..95 (fsdp 1: the up half).
+    EXPECT_EQ(p.global_shape, (Shape{6, 96, 64}));
+    EXPECT_EQ(p.local_shape, (Shape{3, 48, 64}));
+    EXPECT_EQ(p.local_offset, (Shape{3, 48, 0}));
+    EXPECT_EQ(p.mesh, "pp0/experts");
+    EXPECT_EQ(p.placements, (std::vector<Placement>{Placement::Shard(1), Placement::Shard(0)}));
+  }
+  EXPECT_EQ(fused, 1);
+}
+
+TEST(TrainerSharding, UnknownExpertLayoutNamesTheChoices) {
+  auto cluster = LoadClusterSpec(test::ExampleCluster("tiny-moe-4x2"));
+  ASSERT_TRUE(cluster.ok());
+  cluster->trainer.expert_layout = "fused";
+  auto config = ReadJsonDocument(cluster->model_path);
+  ASSERT_TRUE(config.ok());
+  auto specs = GenerateSpecs(*config, *cluster);
+  ASSERT_FALSE(specs.ok());
+  EXPECT_NE(specs.status().message().find("\"stacked\", \"hf_fused\""), std::string::npos)
+      << specs.status().message();
+}
+
 TEST(TrainerSharding, KimiReferenceLayout) {
   auto specs = GenerateFromClusterFile(test::ExampleCluster("kimi-k2-256x128"));
   ASSERT_TRUE(specs.ok()) << specs.status().ToString();
