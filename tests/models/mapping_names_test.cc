@@ -81,6 +81,7 @@ TEST(MappingNames, Llama) { CheckExample("llama3-8b-16x8"); }
 TEST(MappingNames, Qwen3Moe) { CheckExample("qwen3-235b-64x32"); }
 TEST(MappingNames, TinyMoe) { CheckExample("tiny-moe-4x2"); }
 TEST(MappingNames, DemoMoe) { CheckExample("demo-moe-4x2"); }
+TEST(MappingNames, SmallMoeHfFusedExperts) { CheckExample("small-moe-hf-fp8-4x2"); }
 TEST(MappingNames, DeepseekV3) { CheckExample("deepseek-v3-128x64"); }
 TEST(MappingNames, KimiK2) { CheckExample("kimi-k2-256x128"); }
 

@@ -31,7 +31,8 @@ TEST_P(PlanExample, GeneratesAndPlans) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, PlanExample,
-                         ::testing::Values("tiny-moe-4x2", "demo-moe-4x2", "llama3-8b-16x8",
+                         ::testing::Values("tiny-moe-4x2", "demo-moe-4x2", "small-moe-hf-fp8-4x2",
+                                           "small-moe-hf-fp8-4x2-ep", "llama3-8b-16x8",
                                            "qwen3-235b-64x32", "deepseek-v3-128x64",
                                            "kimi-k2-256x128"),
                          [](const auto& info) {
