@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,7 @@ struct ControllerCommandOptions {
   int trainers = 0;
   int inference = 0;
   std::string mapping;
+  std::string model_config;
   double world_timeout_s = 300;
   double version_timeout_s = 300;
   double heartbeat_timeout_s = 10;
@@ -62,7 +64,17 @@ int RunController(const ControllerCommandOptions& opt) {
   options.heartbeat_timeout_s = opt.heartbeat_timeout_s;
   options.log = LogLine;
   if (!opt.mapping.empty()) {
-    StatusOr<MappingSpec> mapping = ParseMappingSpecFromFile(opt.mapping);
+    nlohmann::json config;
+    if (!opt.model_config.empty()) {
+      std::ifstream in(opt.model_config);
+      try {
+        config = nlohmann::json::parse(in);
+      } catch (const std::exception& e) {
+        return Fail(InvalidArgument(opt.model_config + ": not a JSON model config: " + e.what()));
+      }
+    }
+    StatusOr<MappingSpec> mapping =
+        ParseMappingSpecFromFile(opt.mapping, opt.model_config.empty() ? nullptr : &config);
     if (!mapping.ok()) return Fail(mapping.status());
     options.mapping = *mapping;
   }
@@ -117,6 +129,9 @@ void AddControllerCommand(CLI::App& app) {
       ->required()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mapping", opt->mapping, "wsync.mapping/v1 file (default: identity names)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--model-config", opt->model_config,
+                  "HF config.json that resolves the mapping's \"{name}\" shard counts (e.g. num_key_value_heads)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--world-timeout", opt->world_timeout_s,
                   "Seconds to wait for every rank before reporting who is missing")

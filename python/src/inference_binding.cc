@@ -1,0 +1,149 @@
+#include "python/src/inference_binding.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "inference_agent/agent_runner.h"
+#include "routing/spec_io.h"
+#include "transport/libfabric/libfabric_engine.h"
+
+namespace wsync::python {
+
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------- InProcessWeights --
+
+std::string InProcessWeights::name() const {
+  return std::to_string(regions_.size()) + " tensors of process " + std::to_string(getpid());
+}
+
+bool InProcessWeights::MarkComplete(uint64_t v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (v < complete_.load(std::memory_order_relaxed)) return false;
+  complete_.store(v, std::memory_order_release);
+  cv_.notify_all();
+  return true;
+}
+
+void InProcessWeights::MarkFailed(uint64_t v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (v > failed_.load(std::memory_order_relaxed)) failed_.store(v, std::memory_order_release);
+  cv_.notify_all();
+}
+
+void InProcessWeights::WaitFor(uint64_t v, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return stopped_ || complete_version() >= v || failed_version() >= v; });
+}
+
+void InProcessWeights::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  cv_.notify_all();
+}
+
+// ------------------------------------------------------- InferenceSession --
+
+StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
+    InferenceConfig config, std::vector<inference::WeightMemory::Region> regions) {
+  // The strict loader checks the entry alone, numbered 0 (as the controller does).
+  nlohmann::json alone = config.rank;
+  const int32_t rank = alone.value("rank", -1);
+  const std::string me = "inference rank " + std::to_string(rank);
+  alone["rank"] = 0;
+  StatusOr<InferenceSpec> spec =
+      ParseInferenceSpec({{"schema", "wsync.inference/v1"}, {"ranks", {alone}}}, "wsync.InferenceAgent layout");
+  if (!spec.ok()) return spec.status().WithContext(me);
+  InferenceRank layout = spec->ranks[0];
+  layout.rank = rank;
+
+  controller::ClientOptions client_options;
+  client_options.retry_for_s = std::chrono::duration<double>(config.timeout).count();
+  WSYNC_ASSIGN_OR_RETURN(controller::ControllerClient client,
+                         controller::ControllerClient::FromAddress(config.controller, client_options));
+  std::unique_ptr<InferenceSession> s(new InferenceSession(std::move(config), std::move(client)));
+
+  transport::fabric::LibfabricOptions fabric;
+  fabric.provider = s->config_.provider;
+  fabric.num_nics = s->config_.nics;
+  fabric.node = s->config_.node;
+  for (const auto& r : regions) fabric.enable_hmem = fabric.enable_hmem || r.kind == transport::MemoryKind::kCuda;
+  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
+  if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
+
+  auto weights = std::make_unique<InProcessWeights>(std::move(regions));
+  s->weights_ = weights.get();
+  inference::InferenceAgentOptions agent_options;
+  agent_options.log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
+  WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine).value(), std::move(weights),
+                                                                      std::move(layout), agent_options));
+
+  inference::AgentRunnerOptions run;
+  run.version_timeout = s->config_.timeout;
+  run.log = agent_options.log;
+  run.on_registered = [raw = s.get()] {
+    std::lock_guard<std::mutex> lock(raw->mu_);
+    raw->registered_ = true;
+    raw->cv_.notify_all();
+  };
+  s->loop_ = std::thread([raw = s.get(), run] {
+    Status st = inference::RunInferenceAgent(*raw->agent_, raw->client_, run, raw->stop_);
+    std::lock_guard<std::mutex> lock(raw->mu_);
+    raw->loop_status_ = st;
+    raw->ended_ = true;
+    raw->cv_.notify_all();
+    raw->weights_->Stop();  // wakes wait_version()
+  });
+  std::unique_lock<std::mutex> lock(s->mu_);
+  s->cv_.wait(lock, [&] { return s->registered_ || s->ended_; });
+  if (!s->registered_) {
+    Status st = s->loop_status_;
+    lock.unlock();
+    s->Close();
+    return st;
+  }
+  return s;
+}
+
+InferenceSession::~InferenceSession() { Close(); }
+
+Status InferenceSession::loop_status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loop_status_;
+}
+
+Status InferenceSession::WaitVersion(uint64_t v, std::chrono::milliseconds timeout) {
+  const std::string me = "inference rank " + std::to_string(agent_->rank().rank) + ": version " + std::to_string(v);
+  weights_->WaitFor(v, timeout);
+  if (weights_->complete_version() >= v) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) {
+      return loop_status_.ok() ? Aborted(me + ": the agent was closed")
+                               : loop_status_.WithContext(me + ": the agent stopped");
+    }
+  }
+  if (weights_->failed_version() < v) {
+    return DeadlineExceeded(me + " not complete after " + std::to_string(timeout.count()) + " ms (complete: " +
+                            std::to_string(weights_->complete_version()) + ")");
+  }
+  // Failed: say who failed it, as the controller recorded.
+  std::string why;
+  StatusOr<controller::VersionStatus> state = client_.GetVersion(v);
+  if (state.ok()) {
+    for (const controller::VersionFailure& f : state->failures) {
+      why += (why.empty() ? "" : "; ") + f.role + " rank " + std::to_string(f.rank) + ": " + f.error;
+    }
+  }
+  return Aborted(me + " failed" + (why.empty() ? std::string() : ": " + why) +
+                 "; the weights are a mix of versions until the next complete one");
+}
+
+void InferenceSession::Close() {
+  stop_.store(true, std::memory_order_release);
+  if (loop_.joinable()) loop_.join();
+  agent_.reset();  // deregisters, then stops the engine
+}
+
+}  // namespace wsync::python

@@ -1,0 +1,100 @@
+// The in-process inference route (wsync.InferenceAgent): an engine's own
+// tensors registered in place with the transport, and the passive agent's
+// controller loop on a thread of its own.
+//
+// The engine's process keeps using its tensors; trainers write into their
+// storage with one-sided writes, and only once every write of version v has
+// landed does complete_version() become v (release store; the Python side
+// reads it with an acquire load through this class). Nothing here touches
+// Python: the binding layer releases the GIL around the blocking calls.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "controller/client.h"
+#include "inference_agent/agent.h"
+#include "inference_agent/weight_memory.h"
+
+namespace wsync::python {
+
+struct InferenceConfig {
+  nlohmann::json rank;  // this rank's wsync.inference/v1 entry (regions: one per tensor)
+  std::string controller;
+  std::string provider = "shm";
+  uint32_t nics = 1;
+  std::string node;
+  std::chrono::milliseconds timeout{300000};  // registration; each version
+};
+
+// Version words in this process, waited on by wait_version().
+class InProcessWeights : public inference::WeightMemory {
+ public:
+  explicit InProcessWeights(std::vector<Region> regions) : regions_(std::move(regions)) {}
+  std::string name() const override;
+  const std::vector<Region>& regions() const override { return regions_; }
+  uint64_t complete_version() const override { return complete_.load(std::memory_order_acquire); }
+  uint64_t failed_version() const override { return failed_.load(std::memory_order_acquire); }
+  bool MarkComplete(uint64_t v) override;
+  void MarkFailed(uint64_t v) override;
+  // Until complete_version() or failed_version() reaches v, Stop(), or
+  // timeout.
+  void WaitFor(uint64_t v, std::chrono::milliseconds timeout);
+  // No version will complete any more (the agent's loop ended).
+  void Stop();
+
+ private:
+  std::vector<Region> regions_;
+  std::atomic<uint64_t> complete_{0};  // 0: none (versions start at 1)
+  std::atomic<uint64_t> failed_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;  // guarded by mu_
+};
+
+class InferenceSession {
+ public:
+  // Registers the regions with a new engine and then with the controller;
+  // returns once the controller accepted the layout (the plan comes later,
+  // when every rank is there).
+  static StatusOr<std::unique_ptr<InferenceSession>> Create(InferenceConfig config,
+                                                            std::vector<inference::WeightMemory::Region> regions);
+  ~InferenceSession();  // Close()
+
+  // Blocks until version v is complete here (OK), failed (the failure, with
+  // the controller's account of it when it has one), or timeout.
+  Status WaitVersion(uint64_t v, std::chrono::milliseconds timeout);
+  uint64_t complete_version() const { return weights_->complete_version(); }
+  uint64_t failed_version() const { return weights_->failed_version(); }
+  // Why the agent's loop ended, if it did (OK while it runs).
+  Status loop_status();
+  void Close();
+
+ private:
+  InferenceSession(InferenceConfig config, controller::ControllerClient client)
+      : config_(std::move(config)), client_(std::move(client)) {}
+
+  InferenceConfig config_;
+  controller::ControllerClient client_;
+  InProcessWeights* weights_ = nullptr;  // owned by agent_
+  std::unique_ptr<inference::InferenceAgent> agent_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool registered_ = false;  // guarded by mu_
+  bool ended_ = false;       // guarded by mu_
+  Status loop_status_;       // guarded by mu_
+  std::thread loop_;
+};
+
+}  // namespace wsync::python

@@ -1,0 +1,152 @@
+#include "python/src/torch_groups.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+
+namespace wsync::python {
+namespace {
+
+std::string RanksText(const std::vector<int32_t>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+at::Tensor Bytes(void* data, int64_t n) {
+  return at::from_blob(data, {n}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+}
+
+class TorchGroup : public CollectiveGroup {
+ public:
+  TorchGroup(std::string name, c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> group_rank_of_index,
+             int index, std::chrono::milliseconds timeout)
+      : name_(std::move(name)), group_(std::move(group)), group_rank_of_index_(std::move(group_rank_of_index)),
+        index_(index), timeout_(timeout) {}
+
+  const std::string& name() const override { return name_; }
+  int rank() const override { return index_; }
+  int size() const override { return static_cast<int>(group_rank_of_index_.size()); }
+
+  Status Barrier() override {
+    return Call("barrier", [&] { return group_->barrier(); });
+  }
+
+  Status AllGatherShards(const void* shard, void* full, std::span<const int64_t> full_shape, int dim,
+                         DType dtype) override {
+    const int n_dims = static_cast<int>(full_shape.size());
+    if (dim < 0 || dim >= n_dims) return InvalidArgument(Where("all-gather") + ": dim " + std::to_string(dim) + " out of range");
+    const int64_t n = full_shape[dim];
+    int64_t outer = 1, inner = DTypeSize(dtype);
+    for (int d = 0; d < n_dims; ++d) {
+      if (d < dim) outer *= full_shape[d];
+      if (d > dim) inner *= full_shape[d];
+    }
+    const int parts = size();
+    const int64_t chunk = (n + parts - 1) / parts;
+    const int64_t piece = outer * chunk * inner;  // every rank's padded contribution
+    const ChunkRange mine = TorchChunk(n, parts, index_);
+    const int64_t my_bytes = outer * mine.size * inner;
+    auto* out = static_cast<uint8_t*>(full);
+    bool identity = true;
+    for (int r = 0; r < parts; ++r) identity = identity && group_rank_of_index_[r] == r;
+
+    // Fast path: a gather along the outermost dim in equal pieces lands in
+    // `full` as it is, rank-major, straight from torch's all-gather.
+    if (outer == 1 && identity && n % parts == 0) {
+      uint8_t* slot = out + mine.begin * inner;
+      if (shard != slot && my_bytes > 0) std::memmove(slot, shard, static_cast<size_t>(my_bytes));
+      at::Tensor input = Bytes(slot, piece);
+      at::Tensor output = Bytes(out, piece * parts);
+      return Call("all-gather", [&] { return group_->_allgather_base(output, input); });
+    }
+    // General path: padded pieces in group-rank order, then placed.
+    at::Tensor input = at::zeros({piece}, at::kByte);
+    if (my_bytes > 0) std::memcpy(input.data_ptr(), shard, static_cast<size_t>(my_bytes));
+    at::Tensor output = at::empty({piece * parts}, at::kByte);
+    WSYNC_RETURN_IF_ERROR(Call("all-gather", [&] { return group_->_allgather_base(output, input); }));
+    const uint8_t* gathered = output.data_ptr<uint8_t>();
+    for (int r = 0; r < parts; ++r) {
+      const ChunkRange c = TorchChunk(n, parts, r);
+      if (c.size == 0) continue;
+      const uint8_t* src = gathered + static_cast<int64_t>(group_rank_of_index_[r]) * piece;
+      for (int64_t o = 0; o < outer; ++o) {
+        std::memcpy(out + (o * n + c.begin) * inner, src + o * c.size * inner, static_cast<size_t>(c.size * inner));
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::string Where(const char* what) const {
+    return std::string("torch process group '") + name_ + "' (index " + std::to_string(index_) + " of " +
+           std::to_string(size()) + "): " + what;
+  }
+
+  template <typename Fn>
+  Status Call(const char* what, Fn&& start) {
+    if (broken_) return FailedPrecondition(Where(what) + ": an earlier collective of this group failed");
+    try {
+      c10::intrusive_ptr<c10d::Work> work = start();
+      if (!work->wait(timeout_)) {
+        broken_ = true;
+        return DeadlineExceeded(Where(what) + ": not done after " + std::to_string(timeout_.count()) + " ms");
+      }
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      broken_ = true;
+      // c10::Error carries a backtrace after the first line; keep the line.
+      std::string m = e.what();
+      const size_t nl = m.find('\n');
+      if (nl != std::string::npos) m.resize(nl);
+      const bool timeout = m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos;
+      return timeout ? DeadlineExceeded(Where(what) + ": " + m) : Unavailable(Where(what) + ": " + m);
+    }
+  }
+
+  std::string name_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::vector<int> group_rank_of_index_;
+  int index_;
+  std::chrono::milliseconds timeout_;
+  bool broken_ = false;
+};
+
+class TorchGroupFactory : public GroupFactory {
+ public:
+  TorchGroupFactory(std::vector<TorchProcessGroup> groups, std::chrono::milliseconds timeout)
+      : groups_(std::move(groups)), timeout_(timeout) {}
+
+  StatusOr<std::unique_ptr<CollectiveGroup>> Join(const std::string& name, const std::vector<int32_t>& ranks,
+                                                  int index) override {
+    std::vector<int32_t> want = ranks;
+    std::sort(want.begin(), want.end());
+    for (const TorchProcessGroup& g : groups_) {
+      std::vector<int32_t> have = g.ranks;
+      std::sort(have.begin(), have.end());
+      if (have != want) continue;
+      std::vector<int> order;
+      for (int32_t r : ranks) {
+        order.push_back(static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), r) - g.ranks.begin()));
+      }
+      return std::unique_ptr<CollectiveGroup>(new TorchGroup(name, g.group, std::move(order), index, timeout_));
+    }
+    return NotFound("group '" + name + "': no torch process group of trainer ranks " + RanksText(ranks) +
+                    "; wsync.TrainerAgent makes one per mesh dim of every mesh its parameters live on, and the "
+                    "plan asks for another set (a layout wsync does not support yet)");
+  }
+
+ private:
+  std::vector<TorchProcessGroup> groups_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupFactory> MakeTorchGroupFactory(std::vector<TorchProcessGroup> groups,
+                                                    std::chrono::milliseconds timeout) {
+  return std::make_unique<TorchGroupFactory>(std::move(groups), timeout);
+}
+
+}  // namespace wsync::python

@@ -1,0 +1,203 @@
+#include "python/src/trainer_binding.h"
+
+#include <cstdio>
+#include <iostream>
+#include <utility>
+
+#include "transport/libfabric/libfabric_engine.h"
+#include "trainer_agent/version_step.h"
+
+namespace wsync::python {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void LogLine(int32_t rank, const std::string& line) {
+  std::fprintf(stderr, "wsync trainer rank %d: %s\n", rank, line.c_str());
+}
+
+// The executor's ShardSource over the pointers of one push: the trainer's
+// own local tensors, read in place.
+class PointerShards : public ShardSource {
+ public:
+  PointerShards(std::vector<ShardPointer> shards, std::shared_ptr<PushState> state) : state_(std::move(state)) {
+    for (ShardPointer& s : shards) by_name_.emplace(s.name, s);
+  }
+  const uint8_t* Shard(const std::string& name, uint64_t* bytes) const override {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) {
+      *bytes = 0;
+      return nullptr;
+    }
+    *bytes = it->second.bytes;
+    return it->second.data;
+  }
+  void ReadsDone(uint64_t) override { state_->MarkReadsDone(); }
+
+ private:
+  std::unordered_map<std::string, ShardPointer> by_name_;
+  std::shared_ptr<PushState> state_;
+};
+
+}  // namespace
+
+// -------------------------------------------------------------- PushState --
+
+bool PushState::WaitReadsDone(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return reads_done_; });
+}
+
+StatusOr<VersionReport> PushState::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return result_.has_value(); })) {
+    return DeadlineExceeded("version " + std::to_string(version_) + " still running after " +
+                            std::to_string(timeout.count()) + " ms");
+  }
+  return *result_;
+}
+
+bool PushState::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return result_.has_value();
+}
+
+void PushState::MarkReadsDone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reads_done_ = true;
+  cv_.notify_all();
+}
+
+void PushState::Finish(StatusOr<VersionReport> result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reads_done_ = true;  // a version that ended reads nothing more
+  result_ = std::move(result);
+  cv_.notify_all();
+}
+
+// --------------------------------------------------------- TrainerSession --
+
+StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig config,
+                                                                 std::unique_ptr<GroupFactory> groups) {
+  if (!config.registration.contains("rank") || !config.registration["rank"].is_number_integer()) {
+    return InvalidArgument("trainer registration has no integer 'rank'");
+  }
+  const int32_t rank = config.registration["rank"].get<int32_t>();
+  const std::string me = "trainer rank " + std::to_string(rank);
+  controller::ClientOptions client_options;
+  client_options.retry_for_s = std::chrono::duration<double>(config.timeout).count();
+  WSYNC_ASSIGN_OR_RETURN(controller::ControllerClient client,
+                         controller::ControllerClient::FromAddress(config.controller, client_options));
+  std::unique_ptr<TrainerSession> s(new TrainerSession(std::move(config), std::move(client), rank));
+  s->groups_ = std::move(groups);
+
+  transport::fabric::LibfabricOptions fabric;
+  fabric.provider = s->config_.provider;
+  fabric.num_nics = s->config_.nics;
+  fabric.node = s->config_.node;
+  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
+  if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
+  s->engine_ = std::move(engine).value();
+
+  StatusOr<nlohmann::json> reg = s->client_.RegisterTrainerJson(s->config_.registration);
+  if (!reg.ok()) return reg.status().WithContext(me + ": registering with controller " + s->client_.address());
+  LogLine(rank, "registered with controller " + s->client_.address() + " (" +
+                    std::to_string(reg->value("registered", 0)) + " of " + std::to_string(reg->value("world", 0)) +
+                    " trainer ranks); " + s->engine_->Describe());
+  s->heartbeat_ = std::make_unique<controller::HeartbeatSender>(s->client_, controller::Role::kTrainer, rank);
+
+  StatusOr<controller::TrainerPlanSlice> slice =
+      s->client_.FetchTrainerPlan(rank, Clock::now() + s->config_.timeout);
+  if (!slice.ok()) return slice.status().WithContext(me + ": waiting for the plan");
+  if (slice->plan.rank != rank) {
+    return Internal(me + ": the controller answered with the plan of rank " + std::to_string(slice->plan.rank));
+  }
+  s->plan_id_ = slice->plan_id;
+  ExecutorOptions options;
+  options.watermark_bytes = s->config_.watermark_bytes;
+  options.rendezvous_prefix = s->config_.job + "/" + slice->plan_id;
+  options.write_timeout = s->config_.timeout;
+  WSYNC_ASSIGN_OR_RETURN(s->executor_, PlanExecutor::Create(std::move(slice->plan), s->engine_.get(),
+                                                            s->groups_.get(), options));
+  LogLine(rank, "plan " + s->plan_id_ + ": " + std::to_string(s->executor_->plan().writes) + " writes, " +
+                    std::to_string(s->executor_->plan().write_bytes) + " bytes per version; temporary memory " +
+                    std::to_string(s->executor_->arena_bytes()) + " bytes (watermark " +
+                    std::to_string(options.watermark_bytes) + ")");
+  return s;
+}
+
+TrainerSession::~TrainerSession() { Close(); }
+
+void TrainerSession::JoinPrevious() {
+  if (pipeline_.joinable()) pipeline_.join();
+}
+
+StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vector<ShardPointer> shards) {
+  const std::string me = "trainer rank " + std::to_string(rank_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return FailedPrecondition(me + ": push(" + std::to_string(v) + ") after close()");
+  }
+  if (last_ != nullptr) {
+    if (!last_->WaitReadsDone(std::chrono::milliseconds(0))) {
+      return FailedPrecondition(me + ": push(" + std::to_string(v) + ") while version " +
+                                std::to_string(last_->version()) +
+                                " is still reading the weights; call its handle's wait_reads_done() first");
+    }
+    if (v <= last_->version()) {
+      return InvalidArgument(me + ": push(" + std::to_string(v) + ") after version " +
+                             std::to_string(last_->version()) + "; versions must grow");
+    }
+  }
+  JoinPrevious();  // its writes may still be landing; the executor runs one version at a time
+  auto state = std::make_shared<PushState>(v);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = state;
+  }
+  pipeline_ = std::thread([this, v, state, shards = std::move(shards)]() mutable {
+    auto log = [this](const std::string& line) { LogLine(rank_, line); };
+    Status why;
+    if (trainer_agent::StartVersion(client_, rank_, v, log, &why) == trainer_agent::VersionDecision::kSkip) {
+      state->Finish(why);
+      return;
+    }
+    PointerShards source(std::move(shards), state);
+    state->Finish(trainer_agent::RunAndReport(*executor_, client_, rank_, v, source, log));
+  });
+  return state;
+}
+
+void TrainerSession::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  JoinPrevious();
+  executor_.reset();
+  heartbeat_.reset();
+  engine_.reset();
+  groups_.reset();
+}
+
+nlohmann::json TrainerSession::Describe() const {
+  nlohmann::json j = {{"rank", rank_}, {"plan_id", plan_id_}};
+  if (executor_ != nullptr) {
+    const TrainerRankPlan& p = executor_->plan();
+    size_t sources = 0;
+    nlohmann::json groups = nlohmann::json::array();
+    for (const RankMeshGroup& g : p.groups) {
+      sources += g.sources.size();
+      groups.push_back({{"name", g.name}, {"ranks", g.ranks}, {"sources", g.sources.size()}});
+    }
+    j["mesh_groups"] = groups;
+    j["sources"] = sources;
+    j["writes"] = p.writes;
+    j["write_bytes"] = p.write_bytes;
+    j["arena_bytes"] = executor_->arena_bytes();
+    j["transport"] = engine_->Describe();
+  }
+  return j;
+}
+
+}  // namespace wsync::python

@@ -1,0 +1,125 @@
+// The in-process trainer route (wsync.TrainerAgent): one trainer rank of an
+// ordinary torch.distributed job pushes its shards after each optimizer
+// step, the pipeline running on a thread of its own.
+//
+// TrainerSession registers the rank's metadata (built in Python from the
+// model's DTensors, python/wsync/_meta.py) with the controller, waits for
+// the plan, and builds a PlanExecutor whose collectives are torch process
+// groups made for wsync alone (torch_groups.h). Push(v) hands the shard
+// pointers to a new pipeline thread and returns; the PushState tells when
+// the trainer may change its weights again (reads done) and how the version
+// ended. No Python is touched off the caller's thread: the binding layer
+// (module.cc) releases the GIL around every blocking call.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "controller/client.h"
+#include "pipeline/executor.h"
+#include "pipeline/group.h"
+#include "pipeline/shard_source.h"
+#include "transport/engine.h"
+
+namespace wsync::python {
+
+struct TrainerConfig {
+  nlohmann::json registration;  // POST /v1/register/trainer body (rank + mesh_groups)
+  std::string controller;       // HOST:PORT
+  std::string job;
+  std::string provider = "shm";
+  uint32_t nics = 1;
+  std::string node;             // local address for the transport (tcp)
+  uint64_t watermark_bytes = 1ull << 30;
+  std::chrono::milliseconds timeout{300000};  // registration/plan, each version
+};
+
+// One local shard as the trainer holds it now: row-major bytes of the
+// DTensor's local tensor.
+struct ShardPointer {
+  std::string name;
+  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// What one push() became. Shared by the pipeline thread and the handle.
+class PushState {
+ public:
+  explicit PushState(uint64_t version) : version_(version) {}
+  uint64_t version() const { return version_; }
+
+  // True once the trainer may modify its weights (all shards read, or the
+  // version ended without reading them).
+  bool WaitReadsDone(std::chrono::milliseconds timeout);
+  // The version's report once this rank's part ended; DeadlineExceeded
+  // before.
+  StatusOr<VersionReport> Wait(std::chrono::milliseconds timeout);
+  bool done();
+
+  void MarkReadsDone();
+  void Finish(StatusOr<VersionReport> result);
+
+ private:
+  const uint64_t version_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reads_done_ = false;                      // guarded by mu_
+  std::optional<StatusOr<VersionReport>> result_;  // guarded by mu_
+};
+
+class TrainerSession {
+ public:
+  // Blocks until the world is planned (config.timeout) and the executor is
+  // ready. `groups` must outlive the session.
+  static StatusOr<std::unique_ptr<TrainerSession>> Create(TrainerConfig config,
+                                                          std::unique_ptr<GroupFactory> groups);
+  ~TrainerSession();  // Close()
+
+  // Starts version `v` over `shards` on a pipeline thread and returns.
+  // FailedPrecondition while the previous version's reads are not done (its
+  // handle's wait_reads_done() first) or after Close(); a previous version
+  // still writing is waited for first.
+  StatusOr<std::shared_ptr<PushState>> Push(uint64_t v, std::vector<ShardPointer> shards);
+
+  // Waits for the last push, then deregisters and stops the transport.
+  void Close();
+
+  int32_t rank() const { return rank_; }
+  const std::string& plan_id() const { return plan_id_; }
+  controller::ControllerClient& client() { return client_; }
+  // The plan's shape for this rank: groups, sources, writes, bytes.
+  nlohmann::json Describe() const;
+
+ private:
+  TrainerSession(TrainerConfig config, controller::ControllerClient client, int32_t rank)
+      : config_(std::move(config)), client_(std::move(client)), rank_(rank) {}
+  void JoinPrevious();
+
+  // Members in creation order; teardown runs in reverse (the executor before
+  // the groups and the engine it uses).
+  TrainerConfig config_;
+  controller::ControllerClient client_;
+  const int32_t rank_;
+  std::string plan_id_;
+  std::unique_ptr<transport::Engine> engine_;
+  std::unique_ptr<GroupFactory> groups_;
+  std::unique_ptr<controller::HeartbeatSender> heartbeat_;
+  std::unique_ptr<PlanExecutor> executor_;
+  std::mutex mu_;
+  std::shared_ptr<PushState> last_;  // guarded by mu_
+  std::thread pipeline_;             // the last push's thread; joined by the caller's thread only
+  bool closed_ = false;              // guarded by mu_
+};
+
+}  // namespace wsync::python

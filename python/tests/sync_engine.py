@@ -1,0 +1,84 @@
+"""An inference process for the torch sync tests: holds its weights as torch
+tensors registered in place with wsync.InferenceAgent, and after each
+version saves what it received (DIR/engine-<rank>-v<v>.pt) and, holding a
+whole transformers model, its greedy tokens.
+
+    python python/tests/sync_engine.py --controller HOST:PORT --rank R \
+        --model llama --layout identity --out DIR
+
+--layout identity: the same transformers model class as the trainer (its
+own random init, so nothing matches until the first version lands), one
+replica per process. --layout fp8: one TP-2 instance in the fused
+block-fp8 layout of a vLLM-style engine (python/tests/engine_layout.py),
+its tensors poisoned (0xFF bytes) so that an unwritten byte shows.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import engine_layout  # noqa: E402
+import fsdp_setup  # noqa: E402
+import torch_models  # noqa: E402
+
+import wsync  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--controller", required=True)
+    ap.add_argument("--job", default="torch-sync")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--model", choices=["llama", "qwen3_moe"], default="llama")
+    ap.add_argument("--layout", choices=["identity", "fp8"], default="identity")
+    ap.add_argument("--ep", type=int, default=1, help="fp8 layout: experts split by range (2) or TP (1)")
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--drop", default="", help="leave this tensor out of the layout (a bad-input case)")
+    ap.add_argument("--cast", default="", help="hold this tensor as fp32 (a bad-input case)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    builder = torch_models.small_llama if args.model == "llama" else torch_models.small_qwen3_moe
+    config, model = builder(seed=99)
+    layout, instance = None, args.rank
+    if args.layout == "identity":
+        tensors = dict(model.state_dict())
+    else:
+        instance = 0
+        per_rank, entries = engine_layout.engine_layout(dict(model.state_dict()), torch_models.config_dict(model),
+                                                        tp=2, ep=args.ep)
+        tensors = {}
+        for name, t in per_rank[args.rank].items():
+            poisoned = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8).fill_(0xFF)
+            tensors[name] = poisoned.view(t.dtype).view(t.shape)
+        layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[args.rank]}
+    if args.drop:
+        tensors.pop(args.drop)
+        if layout:
+            layout.pop(args.drop, None)
+    if args.cast:
+        tensors[args.cast] = tensors[args.cast].float()
+    with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
+                              instance=instance, layout=layout, timeout_s=args.timeout) as agent:
+        print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)
+        for v in range(1, args.versions + 1):
+            t0 = time.perf_counter()
+            agent.wait_version(v, args.timeout)
+            got = {n: t.clone() for n, t in tensors.items()}
+            tokens = fsdp_setup.greedy_tokens(model) if args.layout == "identity" else None
+            torch.save({"tensors": got, "tokens": tokens, "complete_version": agent.complete_version,
+                        "waited_seconds": time.perf_counter() - t0},
+                       os.path.join(args.out, f"engine-{args.rank}-v{v}.pt"))
+            open(os.path.join(args.out, f"engine-{args.rank}-v{v}.done"), "w").close()
+            print(f"engine {args.rank}: version {v} complete", flush=True)
+
+
+if __name__ == "__main__":
+    main()

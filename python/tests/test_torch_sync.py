@@ -1,0 +1,281 @@
+"""Real FSDP2 trainers push into real transformers models through the wsync
+package, end to end, as separate processes: a `wsync controller`, 4 trainer
+ranks under torchrun (Gloo on CPU) and 2 inference processes, over
+libfabric's shm provider.
+
+Every check computes its expected values apart from wsync: the trainer's
+own full_tensor() state and greedy tokens, and (fp8) a block quantization
+written in plain torch (fp8_reference.py, torch's own float8 cast).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import engine_layout  # noqa: E402
+import torch_models  # noqa: E402
+
+TRAINERS, ENGINES, STEPS = 4, 2, 3
+TIMEOUT = 240
+
+
+def wsync_binary():
+    """The `wsync` command the package installed beside this interpreter."""
+    beside = os.path.join(os.path.dirname(sys.executable), "wsync")
+    return beside if os.path.exists(beside) else shutil.which("wsync")
+
+
+def torchrun():
+    return shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+class Job:
+    """One deployment: controller, engines, trainers; everything it started
+    is stopped when the test ends."""
+
+    def __init__(self, tmp_path, mapping=None, model_config=None, heartbeat=5, version_timeout=120):
+        self.out = str(tmp_path)
+        self.procs = []
+        self.logs = {}
+        cmd = [wsync_binary(), "controller", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"),
+               "--trainers", str(TRAINERS), "--inference", str(ENGINES), "--heartbeat-timeout", str(heartbeat),
+               "--version-timeout", str(version_timeout), "--world-timeout", "120"]
+        if mapping:
+            cmd += ["--mapping", os.path.join(ROOT, "configs", "mappings", mapping)]
+        if model_config is not None:
+            path = tmp_path / "config.json"
+            path.write_text(json.dumps(model_config))
+            cmd += ["--model-config", str(path)]
+        self.controller = self.start("controller", cmd, stdout=subprocess.PIPE)
+        self.address = self.controller.stdout.readline().decode().strip()
+        assert self.address, "the controller printed no address"
+
+    def start(self, name, cmd, stdout=None):
+        log = open(os.path.join(self.out, f"{name}.log"), "w")
+        self.logs[name] = log.name
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        p = subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env, cwd=ROOT)
+        self.procs.append(p)
+        return p
+
+    def engine(self, rank, *extra):
+        return self.start(f"engine{rank}", [sys.executable, os.path.join(HERE, "sync_engine.py"), "--controller",
+                                            self.address, "--rank", str(rank), "--out", self.out, *extra])
+
+    def trainers(self, *extra):
+        return self.start("trainers", [torchrun(), "--standalone", "--nproc-per-node", str(TRAINERS),
+                                       os.path.join(HERE, "sync_trainer.py"), "--controller", self.address,
+                                       "--out", self.out, *extra])
+
+    def log(self, name):
+        with open(self.logs[name]) as f:
+            return f.read()
+
+    def wait(self, proc, name, timeout=TIMEOUT):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running after {timeout} s; its log:\n{self.log(name)[-4000:]}")
+
+    def version(self, v):
+        with urllib.request.urlopen(f"http://{self.address}/v1/versions/{v}") as r:
+            return json.loads(r.read())
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def job(tmp_path):
+    jobs = []
+
+    def make(**kw):
+        jobs.append(Job(tmp_path, **kw))
+        return jobs[-1]
+
+    yield make
+    for j in jobs:
+        j.stop()
+
+
+def run_clean(job, trainer_args, engine_args):
+    engines = [job.engine(r, *engine_args) for r in range(ENGINES)]
+    trainers = job.trainers(*trainer_args)
+    assert job.wait(trainers, "trainers") == 0, job.log("trainers")[-6000:]
+    for r, e in enumerate(engines):
+        assert job.wait(e, f"engine{r}") == 0, job.log(f"engine{r}")[-4000:]
+
+
+def load(job, name):
+    return torch.load(os.path.join(job.out, name), weights_only=False)
+
+
+def print_figures(job, label):
+    rows = []
+    for v in range(1, STEPS + 1):
+        t = load(job, f"trainer-v{v}.pt")
+        reps = [r for r in t["reports"] if r.get("stages")]
+        if reps:
+            slow = max(reps, key=lambda r: r["stages"]["total"])
+            st = {k: round(x, 4) for k, x in slow["stages"].items()}
+            rows.append(f"{label} v{v}: update {job.version(v)['seconds']:.3f} s, push->complete "
+                        f"{slow['push_to_return_seconds']:.3f} s, reads done {slow['reads_done_seconds']:.3f} s, "
+                        f"written {sum(r['written_bytes'] for r in reps)} B in {sum(r['writes'] for r in reps)} writes,"
+                        f" peak temp {max(r['peak_temp_bytes'] for r in reps)} of {slow['watermark_bytes']} B; "
+                        f"slowest rank stages {st}")
+        else:
+            rows.append(f"{label} v{v}: update {job.version(v)['seconds']:.3f} s")
+    print("\n".join(rows))
+    with open(os.path.join(ROOT, "build", f"torch-sync-{label}.txt"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3_moe"])
+def test_fsdp2_trainers_push_into_transformers_models_bit_for_bit(job, model):
+    j = job()
+    run_clean(j, ["--model", model], ["--model", model, "--layout", "identity"])
+    for v in range(1, STEPS + 1):
+        t = load(j, f"trainer-v{v}.pt")
+        for r in range(ENGINES):
+            e = load(j, f"engine-{r}-v{v}.pt")
+            assert e["complete_version"] == v
+            assert set(e["tensors"]) == set(t["state"]), "the engine holds other tensors than the trainer"
+            for name, want in t["state"].items():
+                assert torch.equal(e["tensors"][name], want), f"engine {r} version {v}: tensor '{name}' differs"
+            # Static fire: the inference model decodes what the trainer's does.
+            assert e["tokens"] == t["tokens"], f"engine {r} version {v}: greedy tokens differ"
+        if v > 1:
+            prev = load(j, f"trainer-v{v - 1}.pt")["state"]
+            assert any(not torch.equal(prev[n], t["state"][n]) for n in prev), "the optimizer step changed nothing"
+        assert j.version(v)["state"] == "complete"
+    print_figures(j, f"{model}-inprocess")
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_fused_fp8_engine_layout_matches_plain_torch_quantization(job, ep):
+    _, model = torch_models.small_qwen3_moe()
+    config = torch_models.config_dict(model)
+    j = job(mapping="hf_qwen3_moe.json", model_config=config)
+    run_clean(j, ["--model", "qwen3_moe", "--no-tokens"],
+              ["--model", "qwen3_moe", "--layout", "fp8", "--ep", str(ep)])
+    for v in range(1, STEPS + 1):
+        t = load(j, f"trainer-v{v}.pt")
+        want, _ = engine_layout.engine_layout(t["state"], config, tp=2, ep=ep)
+        for r in range(ENGINES):
+            got = load(j, f"engine-{r}-v{v}.pt")["tensors"]
+            assert set(got) == set(want[r])
+            for name, w in want[r].items():
+                g = got[name]
+                assert g.dtype == w.dtype and g.shape == w.shape, name
+                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), \
+                    f"engine rank {r} version {v}: '{name}' differs from torch's own quantization"
+
+
+def test_sidecar_route_moves_the_same_bytes(job):
+    """wsync.export_shards + `wsync trainer-agent` processes: the same model,
+    the same bytes, checked the same way (and timed beside the in-process
+    route of the first test)."""
+    j = job()
+    engines = [j.engine(r, "--model", "llama") for r in range(ENGINES)]
+    trainers = j.trainers("--model", "llama", "--route", "sidecar")
+    deadline = time.time() + TIMEOUT
+    while not os.path.exists(os.path.join(j.out, "exported")):
+        assert trainers.poll() is None, j.log("trainers")[-4000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    for r in range(TRAINERS):
+        j.start(f"agent{r}", [wsync_binary(), "trainer-agent", "--controller", j.address, "--rank", str(r),
+                              "--layout", os.path.join(j.out, "trainer.json"), "--job", "torch-sync",
+                              "--watermark", str(64 << 20)])
+    assert j.wait(trainers, "trainers") == 0, j.log("trainers")[-6000:]
+    for r, e in enumerate(engines):
+        assert j.wait(e, f"engine{r}") == 0, j.log(f"engine{r}")[-4000:]
+    for v in range(1, STEPS + 1):
+        t = load(j, f"trainer-v{v}.pt")
+        for r in range(ENGINES):
+            e = load(j, f"engine-{r}-v{v}.pt")
+            for name, want in t["state"].items():
+                assert torch.equal(e["tensors"][name], want), f"engine {r} version {v}: '{name}' differs"
+            assert e["tokens"] == t["tokens"]
+    print_figures(j, "llama-sidecar")
+
+
+# ---------------------------------------------------------------- bad input --
+
+
+def run_failing(job, trainer_args, engine_args_of):
+    engines = [job.engine(r, *engine_args_of(r)) for r in range(ENGINES)]
+    trainers = job.trainers(*trainer_args)
+    rc = job.wait(trainers, "trainers")
+    return rc, engines
+
+
+def nothing_complete(job):
+    with urllib.request.urlopen(f"http://{job.address}/v1/status") as r:
+        status = json.loads(r.read())
+    return status
+
+
+def test_trainer_tensor_missing_from_the_engine_is_one_clear_error(job):
+    j = job()
+    rc, _ = run_failing(j, ["--model", "llama", "--timeout", "60"],
+                        lambda r: ["--model", "llama", "--drop", "model.norm.weight"] if r == 1 else ["--model", "llama"])
+    assert rc != 0
+    text = j.log("trainers") + j.log("controller")
+    assert "model.norm.weight" in text, text[-4000:]
+    assert not os.path.exists(os.path.join(j.out, "engine-0-v1.done")), "a version completed without a plan"
+
+
+def test_dtype_mismatch_is_one_clear_error_naming_the_tensor(job):
+    j = job()
+    rc, _ = run_failing(j, ["--model", "llama", "--timeout", "60"],
+                        lambda r: ["--model", "llama", "--cast", "lm_head.weight"] if r == 0 else ["--model", "llama"])
+    assert rc != 0
+    text = j.log("trainers") + j.log("controller")
+    assert "lm_head.weight" in text and "fp32" in text, text[-4000:]
+    assert not os.path.exists(os.path.join(j.out, "engine-0-v1.done"))
+
+
+def test_second_push_before_reads_done_is_refused(job):
+    j = job()
+    run_clean(j, ["--model", "llama", "--double-push", "--no-tokens", "--steps", "1"],
+              ["--model", "llama", "--versions", "1"])
+    with open(os.path.join(j.out, "double-push.txt")) as f:
+        text = f.read()
+    assert "still reading the weights" in text and "trainer rank 0" in text, text
+
+
+def test_killed_inference_process_fails_the_version_and_nothing_is_marked_complete(job):
+    j = job(heartbeat=3, version_timeout=30)
+    engines = [j.engine(r, "--model", "llama") for r in range(ENGINES)]
+    trainers = j.trainers("--model", "llama", "--timeout", "60", "--no-tokens")
+    # Kill engine 1 as soon as it is registered, before any version lands.
+    deadline = time.time() + TIMEOUT
+    while "registered" not in j.log("engine1"):
+        assert time.time() < deadline, j.log("engine1")
+        time.sleep(0.05)
+    engines[1].send_signal(signal.SIGKILL)
+    rc = j.wait(trainers, "trainers")
+    assert rc != 0
+    text = j.log("trainers")
+    assert "inference rank 1" in text, text[-4000:]
+    assert not os.path.exists(os.path.join(j.out, "engine-0-v1.done")) or \
+        j.version(1)["state"] != "complete"

@@ -1,0 +1,17 @@
+"""wsync: after each optimizer step, every trainer rank writes the weight
+slices it owns straight into inference memory (one-sided RDMA writes over
+libfabric), following a routing table a controller computed once.
+
+    sync = wsync.TrainerAgent(model, controller="host:port", job="run1")
+    h = sync.push(step); h.wait_reads_done(); report = h.wait()
+
+    agent = wsync.InferenceAgent(dict(model.state_dict()), controller=..., job="run1", rank=r)
+    agent.wait_version(step)
+
+See docs/PYTHON.md.
+"""
+
+from ._inference import InferenceAgent, VersionError
+from ._trainer import Push, PushError, ShardExporter, TrainerAgent, export_shards
+
+__all__ = ["TrainerAgent", "Push", "PushError", "InferenceAgent", "VersionError", "export_shards", "ShardExporter"]

@@ -1,0 +1,102 @@
+"""The inference side: wsync.InferenceAgent registers an engine's own
+tensors in place and stays passive. See docs/PYTHON.md."""
+
+import json
+import socket
+
+import torch
+
+from . import _C
+from ._meta import dtype_name
+
+
+class VersionError(RuntimeError):
+    """A version that will not complete here: the text says who failed it."""
+
+
+class InferenceAgent:
+    """Registers `tensors` (name -> tensor, e.g. dict(model.state_dict()))
+    with the transport in place: trainers write straight into their storage,
+    and `complete_version` moves to v only once every write of v landed.
+
+    `layout` gives, per engine tensor name, what a tensor-parallel engine
+    holds: {"tp": {"dim": d, "rank": r, "size": n}} and/or
+    {"experts": {"start": a, "end": b}} (docs/SCHEMA.md, wsync.inference/v1).
+    An fp8 tensor NAME takes its block scales from NAME + scale_suffix.
+    `instance` groups ranks into engine replicas (each holds every byte once).
+    """
+
+    def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
+                 scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None):
+        self.rank = rank
+        self.job = job
+        layout = layout or {}
+        unknown = sorted(set(layout) - set(tensors))
+        if unknown:
+            raise KeyError(f"wsync.InferenceAgent rank {rank}: layout names tensors it was not given: {unknown[:5]}")
+        entries, regions, self._tensors = [], [], {}
+        seen = {}
+        scales = set()
+        for name, t in tensors.items():
+            if name.endswith(scale_suffix) and name[: -len(scale_suffix)] in tensors \
+                    and tensors[name[: -len(scale_suffix)]].dtype == torch.float8_e4m3fn:
+                scales.add(name)
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"wsync.InferenceAgent rank {rank}: '{name}' is not a tensor")
+            if not t.is_contiguous():
+                raise ValueError(f"wsync.InferenceAgent rank {rank}: tensor '{name}' is not contiguous; "
+                                 f"trainers write it as one row-major block")
+            where = (t.data_ptr(), t.numel() * t.element_size())
+            if where in seen:
+                continue  # tied to seen[where]: the same bytes, written once
+            seen[where] = name
+            self._tensors[name] = t
+            regions.append((name, t.data_ptr(), where[1], t.device.type == "cuda", t.device.index or 0))
+            if name in scales:
+                continue
+            entry = {"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype, f"tensor '{name}'"),
+                     "region": name, "offset": 0}
+            entry.update(layout.get(name, {}))
+            if t.dtype == torch.float8_e4m3fn:
+                sname = name + scale_suffix
+                if sname not in tensors:
+                    raise KeyError(f"wsync.InferenceAgent rank {rank}: fp8 tensor '{name}' has no '{sname}'")
+                s = tensors[sname]
+                entry["scale"] = {"name": sname, "shape": list(s.shape), "dtype": dtype_name(s.dtype, sname),
+                                  "region": sname, "offset": 0}
+            entries.append(entry)
+        rank_entry = {"rank": rank, "instance": instance, "host": host or socket.gethostname(), "gpu": 0, "nic": 0,
+                      "regions": [{"id": r[0], "size": r[2], "descriptor": ""} for r in regions],
+                      "tensors": entries}
+        config = {"rank": rank_entry, "controller": controller, "provider": provider, "nics": nics, "node": node,
+                  "timeout_s": float(timeout_s)}
+        self._session = _C.InferenceSession(json.dumps(config), regions)
+
+    @property
+    def complete_version(self):
+        """The latest version whose every write has landed here (0: none)."""
+        return self._session.complete_version
+
+    def wait_version(self, version, timeout=None):
+        """Returns once `version` is complete here; raises VersionError if it
+        failed (naming who failed it) and TimeoutError after `timeout` s."""
+        try:
+            self._session.wait_version(int(version), 1e9 if timeout is None else float(timeout))
+        except RuntimeError as e:
+            text = str(e)
+            if " not complete after " in text:
+                raise TimeoutError(text) from None
+            raise VersionError(text) from None
+
+    def close(self):
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

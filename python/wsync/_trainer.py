@@ -1,0 +1,170 @@
+"""The trainer side: wsync.TrainerAgent (in-process) and wsync.export_shards
+(for the `wsync trainer-agent` sidecar). See docs/PYTHON.md."""
+
+import datetime
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._meta import describe, process_group_rank_sets
+
+
+class PushError(RuntimeError):
+    """A version that did not land: the text names the rank, stage and tensor."""
+
+
+class Push:
+    """What sync.push(v) returns; the pipeline runs on a thread of its own."""
+
+    def __init__(self, handle, staged):
+        self._h = handle
+        self._staged = staged  # copies of non-contiguous shards, alive until the push ends
+        self.version = handle.version
+
+    def wait_reads_done(self, timeout=None):
+        """Returns once the trainer may modify its weights again (every local
+        shard has been read). False after `timeout` seconds."""
+        return self._h.wait_reads_done(_seconds(timeout))
+
+    def wait(self, timeout=None, complete=True):
+        """This rank's report of the version, as a dict: seconds per stage,
+        bytes, writes, peak temporary memory against the watermark. With
+        `complete` (the default) it returns only once the version is complete
+        at every inference rank. Raises PushError if it failed anywhere."""
+        try:
+            return json.loads(self._h.wait(_seconds(timeout), complete))
+        except RuntimeError as e:
+            raise PushError(str(e)) from None
+
+    def done(self):
+        """True once this rank's part has ended (ok or not)."""
+        return self._h.done()
+
+
+def _seconds(timeout):
+    return 1e9 if timeout is None else float(timeout)
+
+
+class TrainerAgent:
+    """Pushes a model's weights after each optimizer step.
+
+    Construct on every rank of the job alike (it is collective: it makes
+    wsync's own process groups and exchanges mesh descriptions); it returns
+    once the controller has planned the world, i.e. once every trainer and
+    inference rank has registered (bounded by `timeout_s`).
+
+        sync = wsync.TrainerAgent(model, controller="host:port", job="run1")
+        for step in ...:
+            ...; optimizer.step()
+            h = sync.push(step)       # returns at once
+            h.wait_reads_done()       # before the next optimizer.step()
+        sync.close()
+
+    Every rank must push the same versions in the same order, as with any
+    collective. The pipeline's all-gathers and barriers run on process
+    groups made here for wsync alone, so they never interleave with the
+    training loop's collectives.
+    """
+
+    def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
+                 nics=1, node="", keep_sharded=(), host=None, backend=None):
+        if not dist.is_initialized():
+            raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
+        self.rank = dist.get_rank()
+        self._model = model
+        entry, mesh_groups, self._local, _, ordered = describe(model, keep_sharded=keep_sharded, host=host)
+        self.registration = dict(entry, mesh_groups=mesh_groups)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        backend = backend or "gloo"
+        groups = []
+        for ranks in process_group_rank_sets(ordered):
+            pg = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
+            if self.rank in ranks:
+                groups.append((dist.get_process_group_ranks(pg), pg))
+        config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
+                  "nics": nics, "node": node, "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s)}
+        self._session = _C.TrainerSession(json.dumps(config), groups)
+        self._groups = groups  # the process groups outlive the session
+        self._last = None
+
+    def describe(self):
+        """This rank's part of the plan: mesh groups, sources, writes, bytes."""
+        return json.loads(self._session.describe())
+
+    def push(self, version):
+        """Starts sending the weights as they are now as `version` (an integer
+        that grows, e.g. the optimizer step) and returns a Push at once. Do
+        not modify the weights until its wait_reads_done() returns."""
+        shards, staged = [], []
+        for name, t in self._local.items():
+            if not t.is_contiguous():
+                t = t.contiguous()  # a copy, read by the pipeline instead
+                staged.append(t)
+            shards.append((name, t.data_ptr(), t.numel() * t.element_size()))
+        try:
+            self._last = Push(self._session.push(int(version), shards), staged)
+        except RuntimeError as e:
+            raise PushError(str(e)) from None
+        return self._last
+
+    def close(self):
+        """Waits for the last push, then leaves (transport closed)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class ShardExporter:
+    """The trainer side of the sidecar route: local shards in shared memory
+    for `wsync trainer-agent --layout <layout_path> --job <job> --rank R`."""
+
+    def __init__(self, local, export, layout_path):
+        self._local = local
+        self._export = export
+        self.layout_path = layout_path
+        self.region_name = export.region_name
+
+    def publish(self, version):
+        """Copies every local shard into shared memory and announces
+        `version` to the sidecar."""
+        for name, t in self._local.items():
+            t = t.contiguous()
+            self._export.copy_in(name, t.data_ptr(), t.numel() * t.element_size())
+        self._export.publish(int(version))
+
+    def wait_reads_done(self, version, timeout=None):
+        self._export.wait_reads_done(int(version), _seconds(timeout))
+
+    @property
+    def failed_version(self):
+        return self._export.failed_version
+
+
+def export_shards(model, job, layout_path=None, keep_sharded=(), host=None):
+    """Exports this rank's shards for a `wsync trainer-agent` sidecar
+    (collective, like TrainerAgent). Writes the job's wsync.trainer/v1 spec
+    to `layout_path` (rank 0; default /tmp/wsync-<job>-trainer.json) for the
+    sidecars' --layout, and returns a ShardExporter."""
+    entry, mesh_groups, local, _, _ = describe(model, keep_sharded=keep_sharded, host=host)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, entry)
+    spec = {"schema": "wsync.trainer/v1", "mesh_groups": mesh_groups, "ranks": everyone}
+    layout_path = layout_path or f"/tmp/wsync-{job}-trainer.json"
+    if dist.get_rank() == 0:
+        tmp = layout_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(spec, f)
+        os.replace(tmp, layout_path)
+    dist.barrier()
+    export = _C.ShardExport(job, json.dumps(spec), dist.get_rank())
+    return ShardExporter(local, export, layout_path)
