@@ -1,5 +1,7 @@
 // ValidateInferenceSpec and ValidateMapping: see validate.h.
 #include <algorithm>
+#include <map>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -75,6 +77,37 @@ Status CheckTensor(const std::string& where, const InferenceTensor& t) {
   } else if (t.scale) {
     return InvalidArgument(where + "has a scale but dtype " + std::string(DTypeName(t.dtype)) +
                            " (only fp8_e4m3 tensors carry scales)");
+  }
+  return Status::Ok();
+}
+
+// Engine replicas are copies of one engine: each instance holds the same
+// engine tensors (split over its ranks however it likes). One that lacks a
+// tensor would otherwise be left on old weights while its version completes.
+Status CheckInstancesAgree(const InferenceSpec& spec, const std::string& source) {
+  std::map<int32_t, std::pair<int32_t, std::set<std::string>>> by_instance;  // instance -> (first rank, names)
+  for (const InferenceRank& rank : spec.ranks) {
+    auto [it, inserted] = by_instance.try_emplace(rank.instance, rank.rank, std::set<std::string>{});
+    it->second.first = std::min(it->second.first, rank.rank);
+    for (const InferenceTensor& t : rank.tensors) it->second.second.insert(t.name);
+  }
+  if (by_instance.size() < 2) return Status::Ok();
+  const auto& [first_instance, first] = *by_instance.begin();
+  for (const auto& [instance, held] : by_instance) {
+    const std::string where = source + ": rank " + std::to_string(held.first) + ": instance " +
+                              std::to_string(instance) + " ";
+    for (const std::string& name : first.second) {
+      if (held.second.count(name) == 0) {
+        return InvalidArgument(where + "lacks tensor '" + name + "' that instance " + std::to_string(first_instance) +
+                               " holds; every engine replica must hold the same tensors");
+      }
+    }
+    for (const std::string& name : held.second) {
+      if (first.second.count(name) == 0) {
+        return InvalidArgument(where + "holds tensor '" + name + "' that instance " +
+                               std::to_string(first_instance) + " lacks; every engine replica must hold the same tensors");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -161,7 +194,7 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
                                ") in region '" + *a.region + "'");
     }
   }
-  return Status::Ok();
+  return CheckInstancesAgree(spec, source);
 }
 
 Status ValidateMapping(const MappingSpec& spec, const std::string& source) {

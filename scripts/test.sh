@@ -13,5 +13,10 @@ for f in /dev/shm/[0-9]*:* /dev/shm/wsync-[0-9]*-*; do
   name=${f##*/}; name=${name#wsync-}; pid=${name%%[:-]*}
   kill -0 "$pid" 2>/dev/null || rm -f "$f"
 done
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "${JOBS:-2}" --timeout 600 "$@"
+echo "test: C++ suites (ctest)"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "${JOBS:-2}" --timeout 600 "$@")
+# The Python side: real torch FSDP2 trainers and transformers models through
+# the wsync package (python/tests), in the venv scripts/python_env.sh keeps.
+echo "test: Python side (torch venv, wsync package, pytest)"
+VENV=$(bash scripts/python_env.sh)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests

@@ -41,7 +41,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--drop", default="", help="leave this tensor out of the layout (a bad-input case)")
-    ap.add_argument("--cast", default="", help="hold this tensor as fp32 (a bad-input case)")
+    ap.add_argument("--cast", default="", help="hold this tensor as block fp8 with its scales (a bad-input case)")
+    ap.add_argument("--extra", default="", help="also hold a tensor of this name the trainer lacks (a bad-input case)")
+    ap.add_argument("--reshape", default="", help="hold this tensor one row longer (a bad-input case)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -64,7 +66,15 @@ def main():
         if layout:
             layout.pop(args.drop, None)
     if args.cast:
-        tensors[args.cast] = tensors[args.cast].float()
+        t = tensors[args.cast]
+        tensors[args.cast] = torch.zeros(t.shape, dtype=torch.float8_e4m3fn)
+        grid = [-(-n // 128) for n in t.shape[-2:]]
+        tensors[args.cast + "_scale_inv"] = torch.ones(list(t.shape[:-2]) + grid, dtype=torch.float32)
+    if args.extra:
+        tensors[args.extra] = torch.zeros(8, dtype=torch.bfloat16)
+    if args.reshape:
+        t = tensors[args.reshape]
+        tensors[args.reshape] = torch.zeros([t.shape[0] + 1] + list(t.shape[1:]), dtype=t.dtype)
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
                               instance=instance, layout=layout, timeout_s=args.timeout) as agent:
         print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up the Python side, idempotently: a virtual environment this script
+# owns (${WSYNC_VENV:-build/venv}) with torch, transformers and pytest from
+# PyPI, then the wsync package itself (`pip install --no-build-isolation
+# ./python`: the torch extension wsync._C and the `wsync` command, built
+# against that torch; the build dir build/python is reused, so a second run
+# rebuilds only what changed). Prints the venv's path last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh >&2
+VENV=${WSYNC_VENV:-build/venv}
+PY=${PYTHON:-python3}
+say() { echo "python_env: $*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating the virtual environment $VENV"
+  "$PY" -m venv "$VENV"
+fi
+# What the tests need; torch is large (about 5.6 GB with its CUDA libraries,
+# a few minutes on a fresh machine), so it is only installed when missing.
+need=()
+"$VENV/bin/python" -c "import torch; assert tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 6)" \
+  2>/dev/null || need+=("torch>=2.6")
+for mod in transformers pytest scikit_build_core pybind11; do
+  "$VENV/bin/python" -c "import $mod" 2>/dev/null || need+=("${mod//_/-}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing ${need[*]} into $VENV (torch is about 5.6 GB: a few minutes the first time)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${need[@]}" >&2
+fi
+say "building and installing the wsync package (torch extension + wsync command) into $VENV"
+start=$(date +%s)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps ./python >&2
+say "wsync package ready ($(( $(date +%s) - start )) s)"
+echo "$VENV"
