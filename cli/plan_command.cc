@@ -10,6 +10,7 @@
 #include "routing/plan_io.h"
 #include "routing/plan_summary.h"
 #include "routing/planner.h"
+#include "routing/spec_io.h"
 
 namespace wsync::cli {
 namespace {
@@ -19,6 +20,7 @@ struct PlanCommandOptions {
   std::string format = "text";
   std::string out;
   std::string heatmap;
+  std::string write_specs;
   bool quiet = false;
   LinkModel link;
 };
@@ -57,6 +59,18 @@ int RunPlan(const PlanCommandOptions& opt) {
   std::string plan_text, svg_text;
   if (!opt.out.empty()) plan_text = PlanToJson(*table).dump() + "\n";
   if (!opt.heatmap.empty()) svg_text = RenderTrafficHeatmapSvg(*table);
+  if (!opt.write_specs.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opt.write_specs, ec);
+    if (ec) return fail(Internal("cannot create '" + opt.write_specs + "': " + ec.message()));
+    const std::pair<std::string, nlohmann::json> specs[] = {{"trainer.json", ToJson(inputs->trainer)},
+                                                            {"inference.json", ToJson(inputs->inference)},
+                                                            {"mapping.json", ToJson(inputs->mapping)}};
+    for (const auto& [name, doc] : specs) {
+      if (Status s = WriteFileAtomically(opt.write_specs + "/" + name, doc.dump(1) + "\n"); !s.ok()) return fail(s);
+    }
+    progress.Step("wrote trainer.json, inference.json, mapping.json to " + opt.write_specs);
+  }
   if (!opt.out.empty()) {
     if (Status s = WriteFileAtomically(opt.out, plan_text); !s.ok()) return fail(s);
     progress.Step("wrote routing table to " + opt.out);
@@ -102,6 +116,8 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--format", opt->format, "summary format")->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--out", opt->out, "write the full routing table (wsync.plan/v1 JSON) here");
   cmd->add_option("--heatmap", opt->heatmap, "write the sender x receiver traffic matrix as SVG here");
+  cmd->add_option("--write-specs", opt->write_specs,
+                  "write the (generated) trainer.json, inference.json and mapping.json into this folder");
   cmd->add_flag("-q,--quiet", opt->quiet, "no progress lines on stderr");
   AddLinkModelOptions(*cmd, &opt->link);
   cmd->callback([opt] { std::exit(RunPlan(*opt)); });
