@@ -1,7 +1,7 @@
 """Tests of the torch test scaffolding itself (models, FSDP setups, the fp8
 and engine-layout references), so that wsync's tests can trust them.
 
-    /tmp/venv-probe/bin/python -m pytest -q python/tests/test_scaffolding.py
+    build/venv/bin/python -m pytest -q python/tests/test_scaffolding.py   (venv: scripts/python_env.sh)
 """
 
 import json
