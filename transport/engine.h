@@ -156,9 +156,24 @@ struct BarrierWrite {
   uint32_t imm = 0;
 };
 
+// What an engine can do, known when it starts (Mooncake-style), so callers
+// ask instead of learning it from a failed call.
+struct Capabilities {
+  // Register(kCuda) works: the engine was created for device memory and the
+  // library's CUDA interface came up (built with CUDA, a driver present).
+  bool cuda_memory = false;
+  // Write-with-immediate counted at the receiver: the completion signal
+  // every version relies on. Engines without it refuse to start.
+  bool remote_cq_data = true;
+  // The transport library and version, e.g. "libfabric 1.17".
+  std::string library;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
+
+  virtual const Capabilities& capabilities() const = 0;
 
   virtual const std::string& provider() const = 0;
   virtual uint32_t num_nics() const = 0;

@@ -1,5 +1,9 @@
 #include "transport/libfabric/libfabric_engine.h"
 
+#include <rdma/fabric.h>
+
+#include <cstdlib>
+
 #include "transport/libfabric/callback_thread.h"
 #include "transport/libfabric/domain_group.h"
 #include "transport/libfabric/memory_region.h"
@@ -11,6 +15,9 @@ class LibfabricEngine final : public Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(const LibfabricOptions& options) {
     std::unique_ptr<LibfabricEngine> engine(new LibfabricEngine);
     WSYNC_ASSIGN_OR_RETURN(engine->group_, DomainGroup::Start(options, &engine->callbacks_));
+    const uint32_t v = fi_version();
+    engine->caps_.library = "libfabric " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+    if (options.enable_hmem) engine->caps_.cuda_memory = engine->ProbeCuda();
     return std::unique_ptr<Engine>(std::move(engine));
   }
 
@@ -21,9 +28,10 @@ class LibfabricEngine final : public Engine {
   const std::string& provider() const override { return group_->provider(); }
   uint32_t num_nics() const override { return group_->num_nics(); }
   const PeerAddress& local_address() const override { return group_->address(); }
+  const Capabilities& capabilities() const override { return caps_; }
   std::string Describe() const override {
-    return "libfabric " + group_->provider() + ", " + std::to_string(num_nics()) + " NIC(s), worker " +
-           group_->pinned_where();
+    return caps_.library + " " + group_->provider() + ", " + std::to_string(num_nics()) + " NIC(s), worker " +
+           group_->pinned_where() + ", CUDA memory " + (caps_.cuda_memory ? "yes" : "no");
   }
   uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
   uint32_t ArrivalsPerPagedWrite(uint32_t pages) const override { return group_->ArrivalsPerPagedWrite(pages); }
@@ -145,6 +153,22 @@ class LibfabricEngine final : public Engine {
   }
 
  private:
+  // The CUDA interface of the loaded libfabric came up iff registering with
+  // FI_HMEM_CUDA is not refused as unimplemented (-FI_ENOSYS: built without
+  // CUDA, or no driver). The probe buffer is host memory, so a CUDA-capable
+  // build may refuse it otherwise (or take it): either way it can register
+  // device memory.
+  bool ProbeCuda() {
+    void* probe = std::aligned_alloc(4096, 4096);
+    if (probe == nullptr) return false;
+    auto region = std::make_unique<LibfabricMemoryRegion>(group_.get(), probe, 4096, MemoryKind::kCuda);
+    region->device_ = 0;
+    Status s = group_->RunOnWorker([&] { return region->RegisterOnWorker(); });
+    region.reset();
+    std::free(probe);
+    return s.ok() || s.message().find("without CUDA support") == std::string::npos;
+  }
+
   LibfabricEngine() = default;
 
   static Request* NewRequest(RequestKind kind, Callback done) {
@@ -181,6 +205,7 @@ class LibfabricEngine final : public Engine {
 
   // Members in creation order: callbacks outlive the group that feeds them.
   CallbackThread callbacks_;
+  Capabilities caps_;
   std::unique_ptr<DomainGroup> group_;
 };
 

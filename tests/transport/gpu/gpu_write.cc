@@ -7,7 +7,9 @@
 // this builds on machines without the CUDA toolkit and runs where a driver
 // is present.
 //
-//   transport_gpu_write [bytes=268435456] [iters=20] [provider=shm]
+//   transport_gpu_write [bytes=268435456] [iters=20] [provider=shm] [dst_gpu=1]
+//
+// dst_gpu=0 writes between two processes on one GPU (the one-GPU machine).
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -107,17 +109,17 @@ fabric::LibfabricOptions Options(const std::string& provider, int gpu, const std
   return o;
 }
 
-// Child: GPU 1, the target. Messages to the parent: "D"+descriptor, then
-// "OK" or "E"+error.
-int Receiver(const std::string& provider, size_t bytes, int iters, int to_parent, int from_parent) {
+// Child: GPU `gpu` (1 by default), the target. Messages to the parent:
+// "D"+descriptor, then "OK" or "E"+error.
+int Receiver(const std::string& provider, size_t bytes, int iters, int gpu, int to_parent, int from_parent) {
   Cuda cuda;
   std::string e = cuda.Load();
   uint64_t dptr = 0;
-  if (e.empty()) e = cuda.Alloc(1, bytes, &dptr);
+  if (e.empty()) e = cuda.Alloc(gpu, bytes, &dptr);
   if (!e.empty()) return Send(to_parent, "E" + e), 1;
-  auto engine = fabric::CreateLibfabricEngine(Options(provider, 1, cuda.pci_bus_id));
+  auto engine = fabric::CreateLibfabricEngine(Options(provider, gpu, cuda.pci_bus_id));
   if (!engine.ok()) return Send(to_parent, "E" + engine.status().ToString()), 1;
-  auto region = (*engine)->Register(reinterpret_cast<void*>(dptr), bytes, MemoryKind::kCuda, 1);
+  auto region = (*engine)->Register(reinterpret_cast<void*>(dptr), bytes, MemoryKind::kCuda, gpu);
   if (!region.ok()) return Send(to_parent, "Eregister GPU 1 memory: " + region.status().ToString()), 1;
   std::promise<Status> fired;
   const uint32_t count = (iters + 1) * (*engine)->ArrivalsPerWrite(bytes);  // + warm-up
@@ -152,10 +154,11 @@ int main(int argc, char** argv) {
   const size_t bytes = arg.count("bytes") ? std::stoull(arg["bytes"]) : (256u << 20);
   const int iters = arg.count("iters") ? std::stoi(arg["iters"]) : 20;
   const std::string provider = arg.count("provider") ? arg["provider"] : "shm";
+  const int dst_gpu = arg.count("dst_gpu") ? std::stoi(arg["dst_gpu"]) : 1;
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return 1;
   pid_t child = fork();  // before any CUDA or engine thread exists
-  if (child == 0) _exit(Receiver(provider, bytes, iters, up[1], down[0]));
+  if (child == 0) _exit(Receiver(provider, bytes, iters, dst_gpu, up[1], down[0]));
   auto fail = [&](const std::string& what) {
     std::printf("FAIL: %s\n", what.c_str());
     kill(child, SIGKILL);
@@ -203,8 +206,8 @@ int main(int argc, char** argv) {
   if (!st.ok()) return fail("write: " + st.ToString());
   msg = Receive(up[0]);
   if (msg != "OK") return fail("receiver: " + (msg.empty() ? std::string("died") : msg.substr(1)));
-  std::printf("PASS: %d writes of %zu MiB GPU0 -> GPU1 (%s, FI_HMEM cuda), verified; %.2f GB/s\n", iters,
-              bytes >> 20, provider.c_str(), iters * static_cast<double>(bytes) / secs / 1e9);
+  std::printf("PASS: %d writes of %zu KiB GPU0 -> GPU%d (%s, FI_HMEM cuda), verified; %.2f GB/s\n", iters,
+              bytes >> 10, dst_gpu, provider.c_str(), iters * static_cast<double>(bytes) / secs / 1e9);
   close(down[1]);
   waitpid(child, nullptr, 0);
   return 0;

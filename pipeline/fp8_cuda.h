@@ -1,0 +1,23 @@
+// The fp8 e4m3 128x128 block quantize of pipeline/fp8.h as a CUDA kernel,
+// for the GPU pipeline: bit-identical to the CPU reference (IEEE division,
+// saturating e4m3 conversion, no subnormal flush; an all-zero block gets
+// scale_inv 1.0), checked on an H200 by tests/pipeline/gpu/fp8_bench.cu.
+//
+// Built into wsync_pipeline_cuda where the CUDA toolkit is found; nothing
+// else in the pipeline needs CUDA to build. Callers: the GPU executor (to
+// come, issue 8) and the GPU bench.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace wsync {
+
+// x: `batch` row-major bf16 matrices [rows, cols] back to back (experts);
+// q: the same shape in e4m3 codes; scale_inv: per matrix
+// [ceil(rows/128), ceil(cols/128)] fp32. Device pointers; runs on `stream`.
+cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
+                                  float* scale_inv, cudaStream_t stream);
+
+}  // namespace wsync

@@ -1,0 +1,45 @@
+// What an engine says it can do matches what it then does: an engine that
+// reports no CUDA memory refuses a CUDA registration with one line that
+// says why, before any write is tried.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "transport/libfabric/libfabric_engine.h"
+
+namespace wsync::transport {
+namespace {
+
+TEST(CapabilitiesTest, HostEngineNamesItsLibraryAndNoCudaMemory) {
+  fabric::LibfabricOptions o;
+  o.provider = "shm";
+  auto engine = fabric::CreateLibfabricEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const Capabilities& caps = (*engine)->capabilities();
+  EXPECT_EQ(caps.library.rfind("libfabric ", 0), 0u) << caps.library;
+  EXPECT_FALSE(caps.cuda_memory);
+  EXPECT_TRUE(caps.remote_cq_data);
+  EXPECT_NE((*engine)->Describe().find("CUDA memory no"), std::string::npos) << (*engine)->Describe();
+}
+
+TEST(CapabilitiesTest, CudaMemoryIsRefusedClearlyWhenTheEngineSaysItCannot) {
+  fabric::LibfabricOptions o;
+  o.provider = "shm";
+  o.enable_hmem = true;
+  auto engine = fabric::CreateLibfabricEngine(o);
+  if (!engine.ok()) {
+    // This libfabric's shm offers no FI_HMEM at all: said at start, clearly.
+    EXPECT_NE(engine.status().message().find("FI_HMEM"), std::string::npos) << engine.status().ToString();
+    return;
+  }
+  std::vector<char> buffer(1 << 16);
+  auto region = (*engine)->Register(buffer.data(), buffer.size(), MemoryKind::kCuda, 0);
+  if ((*engine)->capabilities().cuda_memory) {
+    GTEST_SKIP() << "this libfabric can register CUDA memory: " << (*engine)->Describe();
+  }
+  ASSERT_FALSE(region.ok()) << "an engine that reports no CUDA memory registered some";
+  EXPECT_NE(region.status().message().find("without CUDA support"), std::string::npos) << region.status().ToString();
+}
+
+}  // namespace
+}  // namespace wsync::transport
