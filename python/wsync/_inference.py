@@ -8,13 +8,14 @@ import torch
 
 from . import _C
 from ._meta import dtype_name
+from ._session import SessionOwner
 
 
 class VersionError(RuntimeError):
     """A version that will not complete here: the text says who failed it."""
 
 
-class InferenceAgent:
+class InferenceAgent(SessionOwner):
     """Registers `tensors` (name -> tensor, e.g. dict(model.state_dict()))
     with the transport in place: trainers write straight into their storage,
     and `complete_version` moves to v only once every write of v landed.
@@ -89,14 +90,3 @@ class InferenceAgent:
                 raise TimeoutError(text) from None
             raise VersionError(text) from None
 
-    def close(self):
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False

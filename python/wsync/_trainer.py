@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._meta import describe, process_group_rank_sets
+from ._session import SessionOwner
 
 
 class PushError(RuntimeError):
@@ -48,7 +49,7 @@ def _seconds(timeout):
     return 1e9 if timeout is None else float(timeout)
 
 
-class TrainerAgent:
+class TrainerAgent(SessionOwner):
     """Pushes a model's weights after each optimizer step.
 
     Construct on every rank of the job alike (it is collective: it makes
@@ -110,18 +111,6 @@ class TrainerAgent:
             raise PushError(str(e)) from None
         return self._last
 
-    def close(self):
-        """Waits for the last push, then leaves (transport closed)."""
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class ShardExporter:

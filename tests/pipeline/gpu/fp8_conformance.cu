@@ -25,15 +25,8 @@
 #include <vector>
 
 #include "pipeline/fp8.h"
+#include "tests/pipeline/gpu/cuda_check.h"
 
-#define CUDA_OK(call)                                                               \
-  do {                                                                              \
-    cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));       \
-      std::exit(2);                                                                 \
-    }                                                                               \
-  } while (0)
 
 namespace {
 
