@@ -96,8 +96,12 @@ def _ep_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     return eager_forward(full, hidden_states, top_k_index, top_k_weights)
 
 
-def shard_moe_with_ep(model, ep=2):
+def shard_moe_with_ep(model, ep=2, expert_fsdp_dim=1):
     """Experts FSDP x EP, everything else FSDP over all ranks.
+
+    expert_fsdp_dim: the tensor dim FSDP shards the experts on. 1 gives
+    placements (Shard(1), Shard(0)); 0 (FSDP's default) shards the dim EP
+    already shards, which FSDP2 writes as (_StridedShard(0, sf=ep), Shard(0)).
 
     Returns (dense_mesh, expert_mesh): ("dp_shard",) of world ranks and
     ("fsdp", "ep") of shape (world/ep, ep), both from one init_device_mesh.
@@ -126,7 +130,7 @@ def shard_moe_with_ep(model, ep=2):
             dt = distribute_tensor(full.detach(), mesh["ep"], [Shard(0)])
             experts.register_parameter(name, torch.nn.Parameter(dt))
         experts.forward = _ep_experts_forward.__get__(experts)
-        fully_shard(experts, mesh=mesh["fsdp"], shard_placement_fn=lambda p: Shard(1))
+        fully_shard(experts, mesh=mesh["fsdp"], shard_placement_fn=lambda p: Shard(expert_fsdp_dim))
         experts.set_gradient_divide_factor(float(world))
         # A custom factor makes FSDP reduce with ReduceOp.PREMUL_SUM, which
         # Gloo lacks ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); SUM plus

@@ -28,13 +28,13 @@ import torch_models  # noqa: E402
 import wsync  # noqa: E402
 
 
-def build(model_name, world):
+def build(model_name, world, strided=False):
     if model_name == "llama":
         config, model = torch_models.small_llama()
         fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     else:
         config, model = torch_models.small_qwen3_moe()
-        fsdp_setup.shard_moe_with_ep(model, ep=2)
+        fsdp_setup.shard_moe_with_ep(model, ep=2, expert_fsdp_dim=0 if strided else 1)
     return model
 
 
@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--route", choices=["inprocess", "sidecar"], default="inprocess")
     ap.add_argument("--watermark-mb", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--strided", action="store_true",
+                    help="experts FSDP-sharded on the EP dim: FSDP2's _StridedShard placements")
     ap.add_argument("--no-tokens", action="store_true", help="skip the static fire (bad-input cases)")
     ap.add_argument("--double-push", action="store_true", help="push twice without waiting (a bad-input case)")
     args = ap.parse_args()
@@ -66,12 +68,15 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(args.model, world)
+    model = build(args.model, world, args.strided)
     optimizer = fsdp_setup.make_optimizer(model)
 
     if args.route == "inprocess":
         sync = wsync.TrainerAgent(model, controller=args.controller, job=args.job,
                                   watermark_bytes=args.watermark_mb << 20, timeout_s=args.timeout)
+        if rank == 0:
+            with open(os.path.join(args.out, "registration.json"), "w") as f:
+                json.dump(sync.registration, f)
     else:
         exporter = wsync.export_shards(model, job=args.job, layout_path=os.path.join(args.out, "trainer.json"))
         if rank == 0:

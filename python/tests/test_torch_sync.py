@@ -169,6 +169,25 @@ def test_fsdp2_trainers_push_into_transformers_models_bit_for_bit(job, model):
     print_figures(j, f"{model}-inprocess")
 
 
+def test_strided_shards_of_fsdp2_under_ep_land_bit_for_bit(job):
+    """FSDP2 sharding the experts on the dim EP already shards writes
+    (_StridedShard(0, sf=2), Shard(0)): rank (fsdp f, ep e) holds a piece
+    inside its EP range, which wsync describes with the mesh dims reordered."""
+    j = job()
+    run_clean(j, ["--model", "qwen3_moe", "--strided", "--no-tokens"], ["--model", "qwen3_moe", "--layout", "identity"])
+    with open(os.path.join(j.out, "registration.json")) as f:
+        reg = json.load(f)
+    experts = [p for p in reg["params"] if ".mlp.experts." in p["name"]]
+    assert experts and all(p["mesh"] == "ep,fsdp" and p["placements"] == ["Shard(0)", "Shard(0)"] for p in experts), \
+        "the experts were not described as strided shards (mesh dims reordered)"
+    for v in range(1, STEPS + 1):
+        t = load(j, f"trainer-v{v}.pt")
+        for r in range(ENGINES):
+            got = load(j, f"engine-{r}-v{v}.pt")["tensors"]
+            for name, want in t["state"].items():
+                assert torch.equal(got[name], want), f"engine {r} version {v}: tensor '{name}' differs"
+
+
 @pytest.mark.parametrize("ep", [1, 2])
 def test_fused_fp8_engine_layout_matches_plain_torch_quantization(job, ep):
     _, model = torch_models.small_qwen3_moe()
