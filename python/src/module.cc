@@ -8,6 +8,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -65,40 +66,57 @@ struct PushHandle {
   }
 
   // This rank's report; with `complete`, also waits for the version to be
-  // complete at every inference rank (raises if it failed anywhere).
+  // complete at every inference rank (raises if it failed anywhere). A
+  // version the controller has already failed (a dead peer, seen by its
+  // heartbeats) ends the wait at once, even while this rank's pipeline still
+  // waits out its transport timeout.
   std::string Wait(double timeout_s, bool complete) {
-    const auto deadline = std::chrono::steady_clock::now() + Ms(timeout_s);
-    nlohmann::json out;
+    StatusOr<nlohmann::json> out = Internal("not run");
     {
       py::gil_scoped_release nogil;
-      StatusOr<VersionReport> report = state->Wait(Ms(timeout_s));
-      if (!report.ok()) {
-        py::gil_scoped_acquire gil;
-        Raise(report.status());
-      }
-      out = trainer_agent::VersionStats(*report);
-      out["version"] = state->version();
-      out["rank"] = rank;
-      if (complete) {
-        StatusOr<controller::VersionStatus> v = client.WaitVersion(state->version(), deadline);
-        if (!v.ok()) {
-          py::gil_scoped_acquire gil;
-          Raise(v.status().WithContext("trainer rank " + std::to_string(rank) + ": waiting for version " +
-                                       std::to_string(state->version()) + " to complete"));
-        }
-        if (v->failed()) {
-          std::string why;
-          for (const controller::VersionFailure& f : v->failures) {
-            why += (why.empty() ? "" : "; ") + f.role + " rank " + std::to_string(f.rank) + ": " + f.error;
-          }
-          py::gil_scoped_acquire gil;
-          Raise(Aborted("version " + std::to_string(state->version()) + " failed: " + why));
-        }
-        out["version_seconds"] = v->seconds;
-        out["state"] = v->state;
-      }
+      out = WaitNoGil(timeout_s, complete);
     }
-    return out.dump();
+    if (!out.ok()) Raise(out.status());
+    return out->dump();
+  }
+
+ private:
+  static std::string Failures(const controller::VersionStatus& v) {
+    std::string why;
+    for (const controller::VersionFailure& f : v.failures) {
+      why += (why.empty() ? "" : "; ") + f.role + " rank " + std::to_string(f.rank) + ": " + f.error;
+    }
+    return "version " + std::to_string(v.version) + " failed: " + why;
+  }
+
+  StatusOr<nlohmann::json> WaitNoGil(double timeout_s, bool complete) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + Ms(timeout_s);
+    const uint64_t version = state->version();
+    StatusOr<VersionReport> report = Internal("not run");
+    while (true) {
+      const auto slice = std::min<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(500));
+      report = state->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max<Clock::duration>(slice, Clock::duration::zero())));
+      if (report.ok() || state->done() || Clock::now() >= deadline) break;
+      StatusOr<controller::VersionStatus> v = client.GetVersion(version);
+      if (v.ok() && v->failed()) return Aborted(Failures(*v));
+    }
+    if (!report.ok()) return report.status();
+    nlohmann::json out = trainer_agent::VersionStats(*report);
+    out["version"] = version;
+    out["rank"] = rank;
+    if (complete) {
+      StatusOr<controller::VersionStatus> v = client.WaitVersion(version, deadline);
+      if (!v.ok()) {
+        return v.status().WithContext("trainer rank " + std::to_string(rank) + ": waiting for version " +
+                                      std::to_string(version) + " to complete");
+      }
+      if (v->failed()) return Aborted(Failures(*v));
+      out["version_seconds"] = v->seconds;
+      out["state"] = v->state;
+    }
+    return out;
   }
 };
 
