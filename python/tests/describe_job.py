@@ -32,7 +32,17 @@ def main():
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"schema": "wsync.trainer/v1", "mesh_groups": mesh_groups, "ranks": everyone}, f)
+    # No rank tears its Gloo pairs down while another still talks on them
+    # (seen: a rank that left first crashed its peers' collectives).
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave without Python's finalization: torch's ProcessGroupGloo worker
+    # thread can still drop a tensor's last reference then and abort the
+    # process ("terminate called without an active exception" from
+    # PyEval_AcquireThread in ProcessGroupGloo::runLoop, seen on torch 2.15).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
