@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
+import fsdp_setup  # noqa: E402
 from sync_trainer import build  # noqa: E402
 
 from wsync._meta import describe  # noqa: E402
@@ -32,17 +33,7 @@ def main():
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"schema": "wsync.trainer/v1", "mesh_groups": mesh_groups, "ranks": everyone}, f)
-    # No rank tears its Gloo pairs down while another still talks on them
-    # (seen: a rank that left first crashed its peers' collectives).
-    dist.barrier()
-    dist.destroy_process_group()
-    # Leave without Python's finalization: torch's ProcessGroupGloo worker
-    # thread can still drop a tensor's last reference then and abort the
-    # process ("terminate called without an active exception" from
-    # PyEval_AcquireThread in ProcessGroupGloo::runLoop, seen on torch 2.15).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    fsdp_setup.leave_job()
 
 
 if __name__ == "__main__":

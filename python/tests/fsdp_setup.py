@@ -212,6 +212,21 @@ def full_state(model):
     return out
 
 
+def leave_job():
+    """Ends a torchrun job's process: every rank meets at a barrier (no rank
+    tears its Gloo pairs down while another still talks on them), destroys
+    the process group and leaves without Python's finalization, since
+    torch's ProcessGroupGloo worker thread can still drop a tensor's last
+    reference then and abort the process ("terminate called without an
+    active exception" from PyEval_AcquireThread in ProcessGroupGloo::runLoop,
+    seen on torch 2.15)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def plain_copy(builder, state):
     """A fresh unsharded model from `builder` (torch_models) loaded with state."""
     _, plain = builder()

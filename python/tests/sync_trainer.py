@@ -119,15 +119,7 @@ def main():
     finally:
         if args.route == "inprocess":
             sync.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    # Leave without Python's finalization: torch's ProcessGroupGloo worker
-    # thread can still drop a tensor's last reference then and abort the
-    # process ("terminate called without an active exception" from
-    # PyEval_AcquireThread in ProcessGroupGloo::runLoop, seen on torch 2.15).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    fsdp_setup.leave_job()
 
 
 if __name__ == "__main__":
