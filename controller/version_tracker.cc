@@ -64,10 +64,17 @@ StatusOr<VersionRecord*> VersionTracker::GetOrStart(uint64_t v, Clock::time_poin
                                                     bool explicit_start) {
   auto it = records_.find(v);
   if (it != records_.end()) {
-    if (explicit_start && it->second.finished())
+    if (explicit_start && it->second.finished()) {
+      // A rank that starts late must learn why, not only that: its peers
+      // may have failed on a dead rank it never talked to.
+      std::string cause;
+      if (!it->second.failures.empty()) {
+        const RankFailure& f = it->second.failures.front();
+        cause = " (" + (f.rank >= 0 ? f.role + " rank " + std::to_string(f.rank) : f.role) + ": " + f.error + ")";
+      }
       return FailedPrecondition("version " + std::to_string(v) + " already " +
-                                VersionStateName(it->second.state) +
-                                "; start a new version number");
+                                VersionStateName(it->second.state) + cause + "; start a new version number");
+    }
     return &it->second;
   }
   if (has_complete_ && v <= latest_complete_)

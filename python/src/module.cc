@@ -81,9 +81,11 @@ struct PushHandle {
   }
 
  private:
-  static std::string Failures(const controller::VersionStatus& v) {
+  // `skip_trainer`: a trainer rank whose own report the caller shows apart.
+  static std::string Failures(const controller::VersionStatus& v, int32_t skip_trainer = -1) {
     std::string why;
     for (const controller::VersionFailure& f : v.failures) {
+      if (f.role == "trainer" && f.rank == skip_trainer && v.failures.size() > 1) continue;
       why += (why.empty() ? "" : "; ") + f.role + " rank " + std::to_string(f.rank) + ": " + f.error;
     }
     return "version " + std::to_string(v.version) + " failed: " + why;
@@ -102,7 +104,17 @@ struct PushHandle {
       StatusOr<controller::VersionStatus> v = client.GetVersion(version);
       if (v.ok() && v->failed()) return Aborted(Failures(*v));
     }
-    if (!report.ok()) return report.status();
+    if (!report.ok()) {
+      // A local failure is often only the echo of a peer's (a collective
+      // broken by a rank that gave up on a dead engine): lead with what the
+      // controller knows to be the cause.
+      StatusOr<controller::VersionStatus> v = client.GetVersion(version);
+      if (v.ok() && v->failed()) {
+        return Aborted(Failures(*v, rank) + " [trainer rank " + std::to_string(rank) + " saw: " + report.status().message() +
+                       "]");
+      }
+      return report.status();
+    }
     nlohmann::json out = trainer_agent::VersionStats(*report);
     out["version"] = version;
     out["rank"] = rank;

@@ -300,6 +300,12 @@ def test_killed_inference_process_fails_the_version_and_nothing_is_marked_comple
     rc = j.wait(trainers, "trainers")
     assert rc != 0
     text = j.log("trainers")
-    assert "inference rank 1" in text, text[-4000:]
+    # Every rank's error leads with the cause, whichever way it failed (a
+    # write to the dead engine, a start refused because the version already
+    # failed, a collective its peers left).
+    errors = [line for line in text.splitlines() if "PushError:" in line]
+    assert errors, text[-4000:]
+    for line in errors:
+        assert "inference rank 1" in line, "\n".join(errors)
     assert not os.path.exists(os.path.join(j.out, "engine-0-v1.done")) or \
         j.version(1)["state"] != "complete"

@@ -61,6 +61,13 @@ TEST_F(ControllerTest, FailureNamesTheRankAndIsFinal) {
   EXPECT_TRUE(v->failed());
   EXPECT_TRUE(Status()["latest_complete_version"].is_null());
 
+  // A trainer rank that starts the failed version late learns why, not only
+  // that (its peers may be stuck waiting for it in a collective).
+  StatusOr<VersionStatus> late = client_->StartVersion(2, 1);
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("already failed (trainer rank 1: trainer agent killed)"), std::string::npos)
+      << late.status().ToString();
+
   // An inference-side failure, through the fail endpoint.
   v = client_->ReportFailure(3, Role::kInference, 1, "immediate count short by 2");
   ASSERT_TRUE(v.ok());
