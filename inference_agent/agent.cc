@@ -1,5 +1,7 @@
 #include "inference_agent/agent.h"
 
+#include <map>
+
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -76,8 +78,28 @@ Status InferenceAgent::SetPlan(const InferenceRankPlan& plan) {
     return InvalidArgument("inference rank " + std::to_string(rank_.rank) + ": got the plan of rank " +
                            std::to_string(plan.rank));
   }
+  // Scoped write access: every write the plan announces must land inside a
+  // region this rank registered. Its keys cover nothing else, and a plan
+  // that says otherwise (a planner bug, a forged or stale plan) is refused
+  // before a version could expect its immediates.
+  const std::string me = "inference rank " + std::to_string(rank_.rank);
+  std::map<std::string, uint64_t> sizes;
+  for (const WeightMemory::Region& r : memory_->regions()) sizes[r.id] = r.size;
   uint64_t arrivals = 0;
-  for (uint64_t bytes : plan.write_bytes) arrivals += engine_->ArrivalsPerWrite(bytes);
+  for (const IncomingWrite& w : plan.writes) {
+    auto it = sizes.find(w.region);
+    if (it == sizes.end()) {
+      return OutOfRange(me + ": refusing the plan: it writes tensor '" + w.tensor + "' into region '" + w.region +
+                        "', which this rank did not register");
+    }
+    if (w.offset > it->second || w.bytes > it->second - w.offset) {
+      return OutOfRange(me + ": refusing the plan: it writes bytes [" + std::to_string(w.offset) + ", " +
+                        std::to_string(w.offset + w.bytes) + ") of region '" + w.region + "' (" +
+                        std::to_string(it->second) + " bytes) for tensor '" + w.tensor +
+                        "', outside what this rank registered");
+    }
+    arrivals += engine_->ArrivalsPerWrite(w.bytes);
+  }
   if (arrivals > std::numeric_limits<uint32_t>::max()) {
     return OutOfRange("inference rank " + std::to_string(rank_.rank) + ": " + std::to_string(arrivals) +
                       " arrivals per version exceed the 32-bit expect count");
@@ -87,7 +109,7 @@ Status InferenceAgent::SetPlan(const InferenceRankPlan& plan) {
     planned_ = true;
     arrivals_ = static_cast<uint32_t>(arrivals);
   }
-  Log("inference rank " + std::to_string(rank_.rank) + ": plan: " + std::to_string(plan.write_bytes.size()) +
+  Log("inference rank " + std::to_string(rank_.rank) + ": plan: " + std::to_string(plan.writes.size()) +
       " writes, " + std::to_string(plan.bytes) + " bytes, " + std::to_string(arrivals) +
       " immediates per version");
   return Status::Ok();

@@ -47,9 +47,9 @@ class Runner {
       const Clock::time_point deadline = std::min(give_up, Clock::now() + std::chrono::seconds(1));
       StatusOr<controller::InferencePlanSlice> slice = client_.FetchInferencePlan(agent_.rank().rank, deadline);
       if (slice.ok()) {
-        if (slice->expected_writes != slice->plan.write_bytes.size()) {
+        if (slice->expected_writes != slice->plan.writes.size()) {
           return Internal(where_ + ": plan " + slice->plan_id + " says " + std::to_string(slice->expected_writes) +
-                          " writes but lists " + std::to_string(slice->plan.write_bytes.size()));
+                          " writes but lists " + std::to_string(slice->plan.writes.size()));
         }
         Log("plan " + slice->plan_id + ": " + std::to_string(slice->expected_writes) + " writes, " +
             std::to_string(slice->expected_bytes) + " bytes per version");

@@ -195,7 +195,10 @@ InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t ra
   plan.rank = rank;
   for (const WriteOp& op : table.ops) {
     if (op.dst_rank != rank) continue;
-    plan.write_bytes.push_back(op.bytes);
+    const DestTensor& dst = table.destinations[op.dst];
+    const bool scale = op.kind == WriteKind::kScale;
+    const RegionRef& where = scale ? dst.scale_where : dst.where;
+    plan.writes.push_back({where.region, where.offset + op.dst_offset, op.bytes, scale ? dst.scale_name : dst.name});
     plan.bytes += op.bytes;
   }
   return plan;
@@ -227,8 +230,10 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
 }
 
 nlohmann::json ToJson(const InferenceRankPlan& plan) {
-  return {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank},
-          {"write_bytes", plan.write_bytes}, {"bytes", plan.bytes}};
+  nlohmann::json writes = nlohmann::json::array();
+  for (const IncomingWrite& w : plan.writes) writes.push_back({w.region, w.offset, w.bytes, w.tensor});
+  return {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank}, {"writes", std::move(writes)},
+          {"bytes", plan.bytes}};
 }
 
 StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
@@ -292,7 +297,10 @@ StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j) {
     }
     InferenceRankPlan plan;
     plan.rank = j.at("rank").get<int32_t>();
-    plan.write_bytes = j.at("write_bytes").get<std::vector<uint64_t>>();
+    for (const auto& wj : j.at("writes")) {
+      plan.writes.push_back({wj.at(0).get<std::string>(), wj.at(1).get<uint64_t>(), wj.at(2).get<uint64_t>(),
+                             wj.at(3).get<std::string>()});
+    }
     plan.bytes = j.at("bytes").get<uint64_t>();
     return plan;
   } catch (const nlohmann::json::exception& e) {

@@ -69,9 +69,18 @@ struct TrainerRankPlan {
   uint64_t writes = 0;
 };
 
+// One write an inference rank receives: where it lands in the rank's own
+// regions. The agent refuses a plan with any write outside them.
+struct IncomingWrite {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::string tensor;  // destination tensor (its scale for scale writes)
+};
+
 struct InferenceRankPlan {
   int32_t rank = -1;
-  std::vector<uint64_t> write_bytes;  // size of every write this rank receives
+  std::vector<IncomingWrite> writes;  // every write this rank receives
   uint64_t bytes = 0;
 };
 

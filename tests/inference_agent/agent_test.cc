@@ -116,7 +116,7 @@ class InferenceAgentTest : public ::testing::TestWithParam<Transport> {
     InferenceRankPlan plan;
     plan.rank = 0;
     for (const Write& w : kWrites) {
-      plan.write_bytes.push_back(w.bytes);
+      plan.writes.push_back({"weights", w.offset, w.bytes, "tensor at " + std::to_string(w.offset)});
       plan.bytes += w.bytes;
     }
     ASSERT_TRUE(agent_->SetPlan(plan).ok());
@@ -284,6 +284,43 @@ TEST(InferenceAgentSetupTest, PlanOfAnotherRankAndVersionBeforePlanAreRefused) {
   Status s = (*agent)->SetPlan(other);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("rank 3"), std::string::npos) << s.ToString();
+}
+
+TEST(InferenceAgentSetupTest, PlanWritingOutsideTheRegisteredRegionsIsRefused) {
+  StatusOr<WeightStore> store = WeightStore::Create("/wsync-test-infer-scope-" + std::to_string(getpid()), TestRank());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto engine = transport::fabric::CreateLibfabricEngine(transport::fabric::LibfabricOptions{});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto agent = InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), TestRank());
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  const uint64_t size = TestRank().regions[0].size;
+
+  InferenceRankPlan past_the_end;
+  past_the_end.rank = 0;
+  past_the_end.writes = {{"weights", 0, 4096, "a"}, {"weights", size - 100, 256, "model.norm.weight"}};
+  Status s = (*agent)->SetPlan(past_the_end);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("region 'weights' (" + std::to_string(size) + " bytes) for tensor 'model.norm.weight'"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE((*agent)->has_plan()) << "a refused plan must not arm the agent";
+
+  InferenceRankPlan wraps;  // offset + bytes overflowing 64 bits must not pass as small
+  wraps.rank = 0;
+  wraps.writes = {{"weights", 64, ~uint64_t{0} - 10, "x"}};
+  EXPECT_EQ((*agent)->SetPlan(wraps).code(), StatusCode::kOutOfRange);
+
+  InferenceRankPlan unknown;
+  unknown.rank = 0;
+  unknown.writes = {{"somebody-elses", 0, 16, "y"}};
+  s = (*agent)->SetPlan(unknown);
+  EXPECT_NE(s.message().find("region 'somebody-elses', which this rank did not register"), std::string::npos)
+      << s.ToString();
+
+  InferenceRankPlan inside;
+  inside.rank = 0;
+  inside.writes = {{"weights", 0, size, "everything"}};
+  EXPECT_TRUE((*agent)->SetPlan(inside).ok());
 }
 
 TEST(InferenceAgentSetupTest, EveryRegionIsRegisteredAndPublishedWithItsOwnDescriptor) {

@@ -189,7 +189,8 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   }
   for (int r = 0; r < kInference; ++r) {
     uint32_t arrivals = 0;
-    for (uint64_t bytes : ExtractInferenceRankPlan(f->table, r).write_bytes) {
+    for (const IncomingWrite& w : ExtractInferenceRankPlan(f->table, r).writes) {
+      const uint64_t bytes = w.bytes;
       arrivals += f->targets[r].engine->ArrivalsPerWrite(bytes);
     }
     f->expected_arrivals.push_back(arrivals);
