@@ -12,6 +12,7 @@ namespace wsync::cli {
 void AddPlanCommand(CLI::App& app);
 void AddDemoCommand(CLI::App& app);               // cli/demo_command.cc
 void AddControllerCommand(CLI::App& app);          // cli/controller_command.cc
+void AddSecretCommand(CLI::App& app);              // cli/secret_command.cc
 void AddTrainerAgentCommand(CLI::App& app);        // cli/trainer_agent_command.cc
 void AddInferenceAgentCommand(CLI::App& app);      // cli/inference_agent_command.cc
 // Options shared by `plan` and `bench plan` (cli/plan_command.cc).

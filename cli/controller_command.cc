@@ -35,6 +35,7 @@ struct ControllerCommandOptions {
   double version_timeout_s = 300;
   double heartbeat_timeout_s = 10;
   int threads = 0;
+  std::string secret_file;
 };
 
 void LogLine(const std::string& line) {
@@ -90,6 +91,9 @@ int RunController(const ControllerCommandOptions& opt) {
   StatusOr<std::unique_ptr<controller::Controller>> ctl = controller::Controller::Create(std::move(options));
   if (!ctl.ok()) return Fail(ctl.status());
   controller::ServerOptions server_options;
+  StatusOr<std::optional<controller::JobSecret>> secret = controller::LoadJobSecret(opt.secret_file);
+  if (!secret.ok()) return Fail(secret.status());
+  server_options.secret = std::move(secret).value();
   server_options.host = listen->first;
   server_options.port = listen->second;
   // Every agent may hold a long poll at once (plan, KV, version waits).
@@ -104,7 +108,9 @@ int RunController(const ControllerCommandOptions& opt) {
   LogLine("listening on " + server.address() + " for " + std::to_string(opt.trainers) + " trainer + " +
           std::to_string(opt.inference) + " inference ranks" +
           (opt.state_dir.empty() ? std::string(" (no state dir: nothing persists)")
-                                 : "; state dir " + opt.state_dir));
+                                 : "; state dir " + opt.state_dir) +
+          (server_options.secret ? "; requests must be signed with " + server_options.secret->source()
+                                 : std::string("; OPEN: no job secret")));
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -142,6 +148,9 @@ void AddControllerCommand(CLI::App& app) {
   cmd->add_option("--heartbeat-timeout", opt->heartbeat_timeout_s,
                   "Seconds of silence after which a rank that sends heartbeats is lost (0: off)")
       ->capture_default_str();
+  cmd->add_option("--secret-file", opt->secret_file,
+                  "job secret (mode 0600; `wsync secret PATH` makes one): every request must be signed with it "
+                  "(default: $WSYNC_SECRET_FILE; none: open, loopback only)");
   cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
   cmd->callback([opt] { std::exit(RunController(*opt)); });
 }

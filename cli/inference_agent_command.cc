@@ -14,6 +14,8 @@ void AddInferenceAgentCommand(CLI::App& app) {
       "version complete only once every write of it landed. Runs until SIGTERM/SIGINT; prints \"ready\" once "
       "registered.");
   cmd->add_option("--controller", flags->controller, "controller address HOST:PORT")->required();
+  cmd->add_option("--secret-file", flags->secret_file,
+                  "the job secret the controller was started with (default: $WSYNC_SECRET_FILE)");
   cmd->add_option("--rank", flags->rank, "inference rank")->required();
   auto* layout = cmd->add_option("--layout", flags->layout, "wsync.inference/v1 file; this rank's entry is used");
   auto* cluster = cmd->add_option("--cluster", flags->cluster,

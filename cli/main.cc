@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   wsync::cli::AddDemoCommand(app);
   wsync::cli::AddPlanCommand(app);
   wsync::cli::AddControllerCommand(app);
+  wsync::cli::AddSecretCommand(app);
   wsync::cli::AddTrainerAgentCommand(app);
   wsync::cli::AddInferenceAgentCommand(app);
   wsync::cli::AddBenchCommand(app);

@@ -15,6 +15,8 @@ void AddTrainerAgentCommand(CLI::App& app) {
       "(RDMA) under a memory watermark. Runs until SIGTERM/SIGINT; prints \"ready\" once registered and "
       "each version's stage times on stderr.");
   cmd->add_option("--controller", flags->controller, "controller address HOST:PORT")->required();
+  cmd->add_option("--secret-file", flags->secret_file,
+                  "the job secret the controller was started with (default: $WSYNC_SECRET_FILE)");
   cmd->add_option("--rank", flags->rank, "trainer rank")->required();
   auto* layout = cmd->add_option("--layout", flags->layout, "wsync.trainer/v1 file; this rank's entry is used");
   auto* cluster = cmd->add_option("--cluster", flags->cluster,

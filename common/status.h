@@ -23,6 +23,8 @@ enum class StatusCode {
   kDeadlineExceeded,  // a peer did not answer in time
   kInternal,          // a system call or library call failed
   kAborted,           // an operation was cancelled (e.g. shutdown)
+  kUnauthenticated,   // a request without a valid signature of the job secret
+  kResourceExhausted, // a request or input over its size limit
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -60,6 +62,8 @@ inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -37,7 +37,9 @@ std::string EscapeKey(const std::string& key) {
 StatusCode CodeFor(int http) {
   switch (http) {
     case 400: return StatusCode::kInvalidArgument;
+    case 401: return StatusCode::kUnauthenticated;
     case 404: return StatusCode::kNotFound;
+    case 413: return StatusCode::kResourceExhausted;
     case 409: return StatusCode::kFailedPrecondition;
     case 503: return StatusCode::kUnavailable;
     case 504: return StatusCode::kDeadlineExceeded;
@@ -73,6 +75,13 @@ StatusOr<ControllerClient> ControllerClient::FromAddress(const std::string& addr
   return ControllerClient(hp.first, hp.second, options);
 }
 
+StatusOr<ControllerClient> ControllerClient::Connect(const std::string& address, const std::string& secret_file,
+                                                     ClientOptions options) {
+  WSYNC_ASSIGN_OR_RETURN(std::optional<JobSecret> secret, LoadJobSecret(secret_file));
+  options.secret = std::move(secret);
+  return FromAddress(address, std::move(options));
+}
+
 StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& method, const std::string& path,
                                                          const std::string& body,
                                                          const std::string& content_type,
@@ -85,9 +94,16 @@ StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& meth
     cli.set_connection_timeout(std::chrono::duration<double>(options_.connect_timeout_s));
     cli.set_read_timeout(std::chrono::duration<double>(options_.request_timeout_s) + extra_wait);
     cli.set_write_timeout(std::chrono::duration<double>(options_.request_timeout_s));
-    httplib::Result r = method == "GET"   ? cli.Get(path)
-                        : method == "PUT" ? cli.Put(path, body, content_type)
-                                          : cli.Post(path, body, content_type);
+    // Signed afresh on every attempt: a retried request is a new request,
+    // never a replay of the refused one.
+    httplib::Headers headers;
+    if (options_.secret.has_value()) {
+      const RequestSignature sig = SignRequest(*options_.secret, method, path, body);
+      headers = {{kTimestampHeader, sig.timestamp}, {kNonceHeader, sig.nonce}, {kSignatureHeader, sig.signature}};
+    }
+    httplib::Result r = method == "GET"   ? cli.Get(path, headers)
+                        : method == "PUT" ? cli.Put(path, headers, body, content_type)
+                                          : cli.Post(path, headers, body, content_type);
     if (r) return Reply{r->status, r->body};
     const httplib::Error err = r.error();
     // Refused or timed-out connects mean the request never arrived: safe to

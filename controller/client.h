@@ -5,9 +5,9 @@
 // by threads. A refused connection (controller not up yet, or restarting) is
 // retried until `retry_for_s` passes; other transport errors are returned at
 // once as Unavailable. Controller answers become Status codes:
-// 400 InvalidArgument, 404 NotFound, 409 FailedPrecondition,
-// 503 Unavailable/Aborted, 504 DeadlineExceeded; the message is the
-// controller's one line.
+// 400 InvalidArgument, 401 Unauthenticated, 404 NotFound, 409
+// FailedPrecondition, 413 ResourceExhausted, 503 Unavailable/Aborted, 504
+// DeadlineExceeded; the message is the controller's one line.
 #pragma once
 
 #include <chrono>
@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "controller/auth.h"
 #include "controller/role.h"
 #include "routing/metadata.h"
 #include "routing/rank_plan.h"
@@ -32,6 +33,9 @@ struct ClientOptions {
   double connect_timeout_s = 2;   // per connection attempt
   double request_timeout_s = 30;  // per request, on top of any long-poll wait
   double retry_for_s = 30;        // keep retrying refused connections this long
+  // Signs every request (controller/auth.h); none: unsigned, for a
+  // controller started without a secret.
+  std::optional<JobSecret> secret;
 };
 
 struct VersionFailure {
@@ -76,6 +80,10 @@ class ControllerClient {
   ControllerClient(std::string host, int port, ClientOptions options = {});
   // "host:port".
   static StatusOr<ControllerClient> FromAddress(const std::string& address, ClientOptions options = {});
+  // FromAddress, signing with the job secret of `secret_file`, else of
+  // $WSYNC_SECRET_FILE, else unsigned (controller/auth.h: LoadJobSecret).
+  static StatusOr<ControllerClient> Connect(const std::string& address, const std::string& secret_file,
+                                            ClientOptions options = {});
 
   // Registration; the answer is the controller's registration reply.
   StatusOr<nlohmann::json> RegisterTrainer(const TrainerRank& rank,

@@ -403,7 +403,7 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     json per = json::array();
     for (const auto& [src, wb] : by_trainer)
       per.push_back({{"rank", src}, {"writes", wb.first}, {"bytes", wb.second}});
-    slice["expected_writes"] = rank_plan.write_bytes.size();
+    slice["expected_writes"] = rank_plan.writes.size();
     slice["expected_bytes"] = rank_plan.bytes;
     slice["writes_by_trainer"] = std::move(per);
     slice["plan"] = ToJson(rank_plan);

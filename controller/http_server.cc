@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 namespace wsync::controller {
 
@@ -26,8 +28,25 @@ int HttpCode(StatusCode code) {
     case StatusCode::kUnavailable: return 503;
     case StatusCode::kAborted: return 503;
     case StatusCode::kInternal: return 500;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kResourceExhausted: return 413;
   }
   return 500;
+}
+
+using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// "bad signature (forged ...)" -> "bad signature": the refusal's kind, for
+// metrics and the log-once rule.
+std::string ReasonOf(const std::string& message) {
+  const size_t cut = message.find_first_of("(:");
+  std::string r = message.substr(0, cut);
+  while (!r.empty() && r.back() == ' ') r.pop_back();
+  return r;
 }
 
 void SendJson(httplib::Response& res, int code, const json& body) {
@@ -75,16 +94,72 @@ StatusOr<int32_t> RankField(const json& body, const std::string& where) {
 
 }  // namespace
 
+size_t BodyLimit(const std::string& method, const std::string& path) {
+  constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
+  if (path.rfind("/v1/register/", 0) == 0) return 16 * kMiB;
+  if (method == "PUT" && path.rfind("/v1/kv/", 0) == 0) return 1 * kMiB;
+  if (path.rfind("/v1/versions/", 0) == 0) return 1 * kMiB;
+  return 64 * kKiB;
+}
+
+void HttpServer::Refused(const std::string& remote, const std::string& reason, const std::string& line) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(refused_mu_);
+    ++refused_total_[reason];
+    first = refused_logged_.insert({remote, reason}).second;
+  }
+  if (first) {
+    std::fprintf(stderr, "wsync controller: refused a request from %s: %s (further ones like it are counted "
+                 "in /metrics, not logged)\n", remote.c_str(), line.c_str());
+  }
+}
+
+std::string HttpServer::SecurityMetrics() {
+  std::string out =
+      "# HELP wsync_requests_refused_total Control requests refused before any handler ran, by reason.\n"
+      "# TYPE wsync_requests_refused_total counter\n";
+  std::lock_guard<std::mutex> lock(refused_mu_);
+  for (const auto& [reason, n] : refused_total_)
+    out += "wsync_requests_refused_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
+  return out;
+}
+
 HttpServer::HttpServer(Controller* controller, ServerOptions options)
     : controller_(controller), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::InstallRoutes() {
-  httplib::Server& s = *server_;
+  // Every route but /healthz and /metrics goes through `guard`: with a job
+  // secret, an unsigned, forged, altered, stale or replayed request is
+  // refused (401) before its handler sees it.
+  struct GuardedServer {
+    HttpServer* self;
+    httplib::Server& s;
+    Handler Guard(Handler h) {
+      return [self = self, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
+        if (self->verifier_ != nullptr) {
+          const RequestSignature sig{req.get_header_value(kTimestampHeader), req.get_header_value(kNonceHeader),
+                                     req.get_header_value(kSignatureHeader)};
+          Status st = self->verifier_->Verify(req.method, req.target, req.body, sig);
+          if (!st.ok()) {
+            self->Refused(req.remote_addr, ReasonOf(st.message()), req.method + " " + req.path + ": " + st.message());
+            return SendError(res, st.WithContext(req.method + " " + req.path));
+          }
+        }
+        h(req, res);
+      };
+    }
+    void Get(const std::string& pattern, Handler h) { s.Get(pattern, Guard(std::move(h))); }
+    void Post(const std::string& pattern, Handler h) { s.Post(pattern, Guard(std::move(h))); }
+    void Put(const std::string& pattern, Handler h) { s.Put(pattern, Guard(std::move(h))); }
+  };
+  httplib::Server& open = *server_;
+  GuardedServer s{this, *server_};
   Controller* c = controller_;
 
-  s.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+  open.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
 
@@ -174,13 +249,31 @@ void HttpServer::InstallRoutes() {
   s.Get("/v1/status", [c](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, c->StatusJson());
   });
-  s.Get("/metrics", [c](const httplib::Request&, httplib::Response& res) {
-    res.set_content(c->MetricsText(), "text/plain; version=0.0.4");
+  // Counts and gauges only: no descriptor, key or plan leaves through here.
+  open.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
+    res.set_content(c->MetricsText() + SecurityMetrics(), "text/plain; version=0.0.4");
+  });
+
+  // Bodies over their route's limit are refused from the Content-Length
+  // header, before a byte of them is read.
+  open.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Content-Length")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string text = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    const unsigned long long length = std::strtoull(text.c_str(), &end, 10);
+    const size_t limit = BodyLimit(req.method, req.path);
+    if (*end == '\0' && length <= limit) return httplib::Server::HandlerResponse::Unhandled;
+    const Status st = ResourceExhausted(req.method + " " + req.path + ": a body of " + text +
+                                        " bytes is over this route's limit of " + std::to_string(limit) + " bytes");
+    Refused(req.remote_addr, "body too large", st.message());
+    SendError(res, st);
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
   });
 
   // A handler that throws (a bug) answers 500 naming what was thrown, so the
   // agent's log says more than "HTTP 500".
-  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+  open.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";
     try {
       std::rethrow_exception(ep);
@@ -195,7 +288,7 @@ void HttpServer::InstallRoutes() {
   });
 
   // Unknown routes and httplib's own errors still answer {"error": ...}.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  open.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string what = res.status == 404 ? "no such route" : "HTTP " + std::to_string(res.status);
     res.set_content(json{{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}.dump(),
@@ -204,6 +297,23 @@ void HttpServer::InstallRoutes() {
 }
 
 Status HttpServer::Start() {
+  if (!options_.secret.has_value() && !IsLoopback(options_.host)) {
+    return InvalidArgument("refusing to serve " + options_.host +
+                           " without a job secret: anyone who can reach it could write into inference memory; "
+                           "pass --secret-file (or $" + kSecretFileEnv + "), or listen on 127.0.0.1");
+  }
+  if (options_.secret.has_value()) {
+    verifier_ = std::make_unique<RequestVerifier>(*options_.secret, options_.max_clock_skew_s);
+  } else {
+    std::fprintf(stderr,
+                 "wsync controller: WARNING: no job secret: the control plane on %s is open to every local user "
+                 "(any of them can register, read plans with their keys, and fail versions); serving loopback "
+                 "only. Pass --secret-file (or $%s) to require signed requests.\n",
+                 options_.host.c_str(), kSecretFileEnv);
+  }
+  server_->set_payload_max_length(BodyLimit("POST", "/v1/register/") + 1);
+  server_->set_read_timeout(std::chrono::duration<double>(options_.request_timeout_s));
+  server_->set_write_timeout(std::chrono::duration<double>(options_.request_timeout_s));
   const size_t threads = static_cast<size_t>(std::max(options_.threads, 4));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_keep_alive_timeout(2);

@@ -10,12 +10,16 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "common/status.h"
+#include "controller/auth.h"
 #include "controller/controller.h"
 
 namespace httplib {
@@ -29,7 +33,20 @@ struct ServerOptions {
   int port = 0;          // 0: pick a free port; port() tells which
   int threads = 64;      // worker threads; at least one per concurrent long poll
   double tick_s = 0.2;   // how often deadlines are checked without a request
+  // Every route but /healthz and /metrics then needs a request signed with
+  // it (controller/auth.h). Without one the server is open and Start()
+  // refuses any host but loopback.
+  std::optional<JobSecret> secret;
+  double max_clock_skew_s = 60;
+  // Time to receive one request's headers and body, and to send an answer
+  // (long polls wait on top of it); a client slower than this is dropped.
+  double request_timeout_s = 10;
 };
+
+// The largest body each route accepts (413 beyond it, refused before it is
+// read): a registration gets 16 MiB (a Kimi-K2 rank's is about 0.2 MB),
+// rendezvous values and version reports 1 MiB, everything else 64 KiB.
+size_t BodyLimit(const std::string& method, const std::string& path);
 
 class HttpServer {
  public:
@@ -50,6 +67,9 @@ class HttpServer {
 
  private:
   void InstallRoutes();
+  // Refusals are logged once per (client address, reason), counted always.
+  void Refused(const std::string& remote, const std::string& reason, const std::string& line);
+  std::string SecurityMetrics();
 
   Controller* const controller_;
   const ServerOptions options_;
@@ -60,6 +80,10 @@ class HttpServer {
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;
   bool stopping_ = false;  // guarded by tick_mu_
+  std::unique_ptr<RequestVerifier> verifier_;  // null: open control plane
+  std::mutex refused_mu_;
+  std::set<std::pair<std::string, std::string>> refused_logged_;  // guarded by refused_mu_
+  std::map<std::string, uint64_t> refused_total_;                  // reason -> count; guarded by refused_mu_
 };
 
 }  // namespace wsync::controller

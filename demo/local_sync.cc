@@ -91,7 +91,14 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
   if (ec) return Internal("cannot create work dir '" + o.work_dir + "': " + ec.message());
   o.cluster = fs::absolute(o.cluster).string();
 
+  // The demo's job secret: every process it starts signs its control
+  // requests with it (controller/auth.h), as a real deployment should.
+  const std::string secret = o.work_dir + "/job.secret";
+  fs::remove(secret, ec);
+  WSYNC_RETURN_IF_ERROR(controller::WriteNewSecret(secret));
+
   std::unique_ptr<LocalSync> sync(new LocalSync(o));
+  sync->secret_path_ = secret;
   WSYNC_ASSIGN_OR_RETURN(sync->specs_, GenerateFromClusterFile(o.cluster));
   const GeneratedSpecs& specs = sync->specs_;
   WSYNC_ASSIGN_OR_RETURN(sync->table_, Plan(specs.trainer, specs.inference, specs.mapping));
@@ -141,12 +148,13 @@ Status LocalSync::StartController() {
       "--mapping", mapping_path_,
       "--version-timeout", std::to_string(options_.version_timeout_s),
       "--world-timeout", std::to_string(options_.world_timeout_s),
-      "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s)};
+      "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s),
+      "--secret-file", secret_path_};
   WSYNC_ASSIGN_OR_RETURN(controller_, ChildProcess::Spawn("controller", Wrap(host, argv),
                                                           options_.work_dir + "/controller.log"));
   WSYNC_ASSIGN_OR_RETURN(controller_address_, controller_.ReadLine(std::chrono::seconds(30)));
   controller_port_ = std::stoi(controller_address_.substr(controller_address_.rfind(':') + 1));
-  WSYNC_ASSIGN_OR_RETURN(auto client, controller::ControllerClient::FromAddress(controller_address_));
+  WSYNC_ASSIGN_OR_RETURN(auto client, controller::ControllerClient::Connect(controller_address_, secret_path_));
   client_ = std::make_unique<controller::ControllerClient>(std::move(client));
   return Status::Ok();
 }
@@ -156,7 +164,7 @@ void LocalSync::StopController() { controller_.Stop(); }
 Status LocalSync::StartInferenceAgent(int32_t rank, bool attach) {
   const HostPlacement& host = options_.inference[rank];
   std::vector<std::string> argv = {
-      options_.binary, "inference-agent", "--controller", controller_address_,
+      options_.binary, "inference-agent", "--controller", controller_address_, "--secret-file", secret_path_,
       "--rank", std::to_string(rank), "--cluster", options_.cluster,
       "--provider", options_.provider, "--nics", std::to_string(options_.nics),
       "--job", options_.job, "--version-timeout", std::to_string(options_.version_timeout_s)};
@@ -172,7 +180,7 @@ Status LocalSync::StartInferenceAgent(int32_t rank, bool attach) {
 Status LocalSync::StartTrainerAgent(int32_t rank) {
   const HostPlacement& host = options_.trainers[rank];
   std::vector<std::string> argv = {
-      options_.binary, "trainer-agent", "--controller", controller_address_,
+      options_.binary, "trainer-agent", "--controller", controller_address_, "--secret-file", secret_path_,
       "--rank", std::to_string(rank),
       "--cluster", options_.trainer_cluster.count(rank) ? options_.trainer_cluster.at(rank) : options_.cluster,
       "--job", options_.job, "--provider", options_.provider, "--nics", std::to_string(options_.nics),

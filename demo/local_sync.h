@@ -121,6 +121,7 @@ class LocalSync {
   std::vector<ChildProcess> trainer_agents_;
   std::vector<std::unique_ptr<trainer_agent::ShardExport>> exports_;
   std::unique_ptr<controller::ControllerClient> client_;
+  std::string secret_path_;  // the job secret every started process signs with
 };
 
 }  // namespace wsync::demo

@@ -18,6 +18,7 @@ namespace wsync::inference {
 
 struct InferenceAgentFlags {
   std::string controller;        // HOST:PORT
+  std::string secret_file;       // job secret ("" = $WSYNC_SECRET_FILE, else unsigned)
   int32_t rank = 0;
   std::string layout;            // wsync.inference/v1 file, or
   std::string cluster;           // cluster spec for the model generator

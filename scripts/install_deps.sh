@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
   libfabric-dev libfabric-bin libhwloc-dev libibverbs-dev rdma-core
-  libgloo-dev libcpp-httplib-dev
+  libgloo-dev libcpp-httplib-dev libssl-dev
   iproute2 procps
 )
 

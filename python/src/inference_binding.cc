@@ -61,7 +61,8 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   controller::ClientOptions client_options;
   client_options.retry_for_s = std::chrono::duration<double>(config.timeout).count();
   WSYNC_ASSIGN_OR_RETURN(controller::ControllerClient client,
-                         controller::ControllerClient::FromAddress(config.controller, client_options));
+                         controller::ControllerClient::Connect(config.controller, config.secret_file,
+                                                                              client_options));
   std::unique_ptr<InferenceSession> s(new InferenceSession(std::move(config), std::move(client)));
 
   transport::fabric::LibfabricOptions fabric;

@@ -31,6 +31,7 @@ namespace wsync::python {
 struct InferenceConfig {
   nlohmann::json rank;  // this rank's wsync.inference/v1 entry (regions: one per tensor)
   std::string controller;
+  std::string secret_file;  // job secret ("": $WSYNC_SECRET_FILE, else unsigned)
   std::string provider = "shm";
   uint32_t nics = 1;
   std::string node;

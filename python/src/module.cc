@@ -149,6 +149,7 @@ PYBIND11_MODULE(_C, m) {
              TrainerConfig config;
              config.registration = c.at("registration");
              config.controller = c.at("controller").get<std::string>();
+             config.secret_file = c.value("secret_file", std::string());
              config.job = c.at("job").get<std::string>();
              config.provider = c.value("provider", std::string("shm"));
              config.nics = c.value("nics", 1u);
@@ -197,6 +198,7 @@ PYBIND11_MODULE(_C, m) {
              InferenceConfig config;
              config.rank = c.at("rank");
              config.controller = c.at("controller").get<std::string>();
+             config.secret_file = c.value("secret_file", std::string());
              config.provider = c.value("provider", std::string("shm"));
              config.nics = c.value("nics", 1u);
              config.node = c.value("node", std::string());

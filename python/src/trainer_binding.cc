@@ -87,7 +87,8 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   controller::ClientOptions client_options;
   client_options.retry_for_s = std::chrono::duration<double>(config.timeout).count();
   WSYNC_ASSIGN_OR_RETURN(controller::ControllerClient client,
-                         controller::ControllerClient::FromAddress(config.controller, client_options));
+                         controller::ControllerClient::Connect(config.controller, config.secret_file,
+                                                                              client_options));
   std::unique_ptr<TrainerSession> s(new TrainerSession(std::move(config), std::move(client), rank));
   s->groups_ = std::move(groups);
 

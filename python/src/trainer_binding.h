@@ -37,6 +37,7 @@ namespace wsync::python {
 struct TrainerConfig {
   nlohmann::json registration;  // POST /v1/register/trainer body (rank + mesh_groups)
   std::string controller;       // HOST:PORT
+  std::string secret_file;  // job secret ("": $WSYNC_SECRET_FILE, else unsigned)
   std::string job;
   std::string provider = "shm";
   uint32_t nics = 1;

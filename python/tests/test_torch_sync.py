@@ -8,8 +8,11 @@ own full_tensor() state and greedy tokens, and (fp8) a block quantization
 written in plain torch (fp8_reference.py, torch's own float8 cast).
 """
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -48,7 +51,12 @@ class Job:
         self.out = str(tmp_path)
         self.procs = []
         self.logs = {}
-        cmd = [wsync_binary(), "controller", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"),
+        # Every job runs signed: the controller with --secret-file, everything
+        # else it starts through $WSYNC_SECRET_FILE (the Python binding's and
+        # the sidecars' default).
+        self.secret_file = str(tmp_path / "job.secret")
+        subprocess.run([wsync_binary(), "secret", self.secret_file], check=True)
+        cmd = [wsync_binary(), "controller", "--secret-file", self.secret_file, "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"),
                "--trainers", str(TRAINERS), "--inference", str(ENGINES), "--heartbeat-timeout", str(heartbeat),
                "--version-timeout", str(version_timeout), "--world-timeout", "120"]
         if mapping:
@@ -61,17 +69,19 @@ class Job:
         self.address = self.controller.stdout.readline().decode().strip()
         assert self.address, "the controller printed no address"
 
-    def start(self, name, cmd, stdout=None):
+    def start(self, name, cmd, stdout=None, secret=True):
         log = open(os.path.join(self.out, f"{name}.log"), "w")
         self.logs[name] = log.name
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                   WSYNC_SECRET_FILE=self.secret_file if secret else "")
         p = subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env, cwd=ROOT)
         self.procs.append(p)
         return p
 
-    def engine(self, rank, *extra):
+    def engine(self, rank, *extra, secret=True):
         return self.start(f"engine{rank}", [sys.executable, os.path.join(HERE, "sync_engine.py"), "--controller",
-                                            self.address, "--rank", str(rank), "--out", self.out, *extra])
+                                            self.address, "--rank", str(rank), "--out", self.out, *extra],
+                          secret=secret)
 
     def trainers(self, *extra):
         return self.start("trainers", [torchrun(), "--standalone", "--nproc-per-node", str(TRAINERS),
@@ -88,9 +98,21 @@ class Job:
         except subprocess.TimeoutExpired:
             pytest.fail(f"{name} still running after {timeout} s; its log:\n{self.log(name)[-4000:]}")
 
-    def version(self, v):
-        with urllib.request.urlopen(f"http://{self.address}/v1/versions/{v}") as r:
+    def get(self, target):
+        """A signed GET, signed here by its own few lines (controller/auth.h
+        states the canonical request) rather than by wsync's code."""
+        with open(self.secret_file, "rb") as f:
+            key = f.read().rstrip()
+        ts, nonce = str(int(time.time())), secrets.token_hex(16)
+        canonical = "\n".join(["wsync-hmac-sha256-v1", "GET", target, ts, nonce, hashlib.sha256(b"").hexdigest()])
+        req = urllib.request.Request(f"http://{self.address}{target}", headers={
+            "X-Wsync-Timestamp": ts, "X-Wsync-Nonce": nonce,
+            "X-Wsync-Signature": hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()})
+        with urllib.request.urlopen(req) as r:
             return json.loads(r.read())
+
+    def version(self, v):
+        return self.get(f"/v1/versions/{v}")
 
     def stop(self):
         for p in reversed(self.procs):
@@ -248,9 +270,7 @@ def run_failing(job, trainer_args, engine_args_of):
 
 
 def nothing_complete(job):
-    with urllib.request.urlopen(f"http://{job.address}/v1/status") as r:
-        status = json.loads(r.read())
-    return status
+    return job.get("/v1/status")
 
 
 @pytest.mark.parametrize("flag,name,needle", [
@@ -276,6 +296,16 @@ def test_dtype_or_shape_mismatch_is_one_clear_error_naming_the_tensor(job, flag,
     text = j.log("trainers")
     assert "lm_head.weight" in text and needle in text, text[-4000:]
     assert not os.path.exists(os.path.join(j.out, "engine-1-v1.done")), "a version completed without a plan"
+
+
+def test_engine_without_the_job_secret_is_refused_with_one_clear_error(job):
+    j = job()
+    rogue = j.engine(0, "--model", "llama", secret=False)
+    rc = j.wait(rogue, "engine0")
+    assert rc != 0
+    text = j.log("engine0")
+    assert "unsigned request" in text and "--secret-file" in text, text[-2000:]
+    assert j.get("/v1/status")["registered"]["inference"] == []
 
 
 def test_second_push_before_reads_done_is_refused(job):

@@ -71,7 +71,7 @@ class TrainerAgent(SessionOwner):
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
-                 nics=1, node="", keep_sharded=(), host=None, backend=None):
+                 nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None):
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
@@ -86,7 +86,8 @@ class TrainerAgent(SessionOwner):
             if self.rank in ranks:
                 groups.append((dist.get_process_group_ranks(pg), pg))
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
-                  "nics": nics, "node": node, "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s)}
+                  "secret_file": secret_file or "", "nics": nics, "node": node,
+                  "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s)}
         self._session = _C.TrainerSession(json.dumps(config), groups)
         self._groups = groups  # the process groups outlive the session
         self._last = None
