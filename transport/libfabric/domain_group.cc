@@ -92,6 +92,7 @@ Status DomainGroup::Open() {
 }
 
 void DomainGroup::Main(std::promise<Status>* started) {
+  if (options_.on_worker_start) options_.on_worker_start();
   Status status = Open();
   const bool ok = status.ok();
   started->set_value(std::move(status));  // `started` dies after this

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace wsync::transport::fabric {
@@ -28,6 +29,10 @@ struct LibfabricOptions {
   // found by hwloc's PCI discovery even where its CUDA/NVML plugins are
   // missing. Preferred over `gpu` when set.
   std::string gpu_pci_bus_id;
+  // Runs first on the engine's worker thread, the one that progresses the
+  // endpoints, e.g. to make a CUDA context current there: libfabric's CUDA
+  // calls (IPC handles, device copies) run on the thread that progresses.
+  std::function<void()> on_worker_start;
   // A SingleWrite at least this large is split evenly across all NICs.
   // Below it one NIC finishes sooner than splitting (measured: see
   // docs/transport.md).

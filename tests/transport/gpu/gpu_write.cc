@@ -31,6 +31,8 @@ using namespace wsync::transport;
 
 namespace {
 
+bool ctx_on_worker = true;
+
 // The few driver entry points we need, resolved from libcuda.so.1.
 struct Cuda {
   using CUresult = int;
@@ -73,12 +75,14 @@ struct Cuda {
     if (e.empty()) e = Check(cuDeviceGet(&dev, device), "cuDeviceGet");
     if (e.empty()) e = Check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
     if (e.empty()) e = Check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    context = ctx;
     if (e.empty()) e = Check(cuMemAlloc(ptr, bytes), "cuMemAlloc");
     char bus[32] = {};
     if (e.empty() && cuDeviceGetPCIBusId(bus, sizeof(bus), dev) == 0) pci_bus_id = bus;
     return e;
   }
   std::string pci_bus_id;
+  void* context = nullptr;  // the primary context Alloc made current
 };
 
 void Send(int fd, const std::string& s) {
@@ -98,8 +102,13 @@ std::string Receive(int fd) {
   return s;
 }
 
-fabric::LibfabricOptions Options(const std::string& provider, int gpu, const std::string& bus_id) {
+fabric::LibfabricOptions Options(const std::string& provider, int gpu, const std::string& bus_id, Cuda* cuda) {
   fabric::LibfabricOptions o;
+  // The worker progresses the endpoint, so libfabric's CUDA calls run there:
+  // give it the context this process allocated in (ctx_on_worker=0: don't).
+  if (cuda != nullptr && cuda->context != nullptr) {
+    o.on_worker_start = [cuda] { cuda->cuCtxSetCurrent(cuda->context); };
+  }
   o.provider = provider;
   o.enable_hmem = true;
   o.gpu = gpu;  // pin near the GPU (hwloc), as a DomainGroup should
@@ -117,7 +126,7 @@ int Receiver(const std::string& provider, size_t bytes, int iters, int gpu, int 
   uint64_t dptr = 0;
   if (e.empty()) e = cuda.Alloc(gpu, bytes, &dptr);
   if (!e.empty()) return Send(to_parent, "E" + e), 1;
-  auto engine = fabric::CreateLibfabricEngine(Options(provider, gpu, cuda.pci_bus_id));
+  auto engine = fabric::CreateLibfabricEngine(Options(provider, gpu, cuda.pci_bus_id, ctx_on_worker ? &cuda : nullptr));
   if (!engine.ok()) return Send(to_parent, "E" + engine.status().ToString()), 1;
   auto region = (*engine)->Register(reinterpret_cast<void*>(dptr), bytes, MemoryKind::kCuda, gpu);
   if (!region.ok()) return Send(to_parent, "Eregister GPU 1 memory: " + region.status().ToString()), 1;
@@ -155,6 +164,7 @@ int main(int argc, char** argv) {
   const int iters = arg.count("iters") ? std::stoi(arg["iters"]) : 20;
   const std::string provider = arg.count("provider") ? arg["provider"] : "shm";
   const int dst_gpu = arg.count("dst_gpu") ? std::stoi(arg["dst_gpu"]) : 1;
+  ctx_on_worker = !arg.count("ctx_on_worker") || arg["ctx_on_worker"] != "0";
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return 1;
   pid_t child = fork();  // before any CUDA or engine thread exists
@@ -173,7 +183,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> payload = testing::RandomBytes(5, bytes);
   e = cuda.Check(cuda.cuMemcpyHtoD(sptr, payload.data(), bytes), "cuMemcpyHtoD");
   if (!e.empty()) return fail(e);
-  auto engine = fabric::CreateLibfabricEngine(Options(provider, 0, cuda.pci_bus_id));
+  auto engine = fabric::CreateLibfabricEngine(Options(provider, 0, cuda.pci_bus_id, ctx_on_worker ? &cuda : nullptr));
   if (!engine.ok()) return fail("GPU 0 engine: " + engine.status().ToString());
   std::printf("GPU 0 (%s) engine: %s\n", cuda.pci_bus_id.c_str(), (*engine)->Describe().c_str());
   std::fflush(stdout);
