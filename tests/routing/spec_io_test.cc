@@ -58,6 +58,27 @@ TEST(SpecIoTest, MalformedJsonNamesFileAndPosition) {
   ExpectOneLine(r.status());
 }
 
+// Found by fuzz/trainer_spec_fuzz.cc: nlohmann throws out_of_range, not
+// parse_error, for a number too large for a double, and that escaped
+// ReadJsonFile and ended `wsync plan` with std::terminate.
+TEST(SpecIoTest, NumberOutOfRangeIsMalformedJsonNotACrash) {
+  const std::string path = ::testing::TempDir() + "/huge_number_trainer.json";
+  std::ofstream(path) << "{\"schema\": \"wsync.trainer/v1\", \"mesh_groups\": [], \"ranks\": [{\"rank\": 1e999}]}";
+  auto r = ParseTrainerSpecFromFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), path + ": malformed JSON: number overflow parsing '1e999'");
+}
+
+// Copying or printing a value recurses per level: a few MB of brackets
+// would exhaust the stack, so such documents are refused up front.
+TEST(SpecIoTest, DeeplyNestedJsonIsRefusedNamingTheDepth) {
+  const std::string deep = "{\"ranks\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto r = ParseJsonText(deep, "trainer.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "trainer.json: malformed JSON: nested deeper than 64 levels at byte 73");
+  EXPECT_TRUE(ParseJsonText("{\"a\": \"[[[[[[\"}", "x").ok()) << "brackets inside strings do not count";
+}
+
 TEST(SpecIoTest, MissingFileIsNotFound) {
   auto r = ParseInferenceSpecFromFile("/nonexistent/inference.json");
   ASSERT_FALSE(r.ok());
