@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
+
+#include "routing/json_reader.h"
 
 namespace wsync::controller {
 
@@ -13,21 +16,36 @@ namespace {
 constexpr int64_t kMaxWaitMs = 60000;
 
 StatusOr<json> ParseBody(const std::string& path, const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument(path + ": request body is not a JSON object");
+  StatusOr<json> j = ParseJsonText(text, path + ": request body");
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) return InvalidArgument(path + ": request body is not a JSON object");
   return j;
 }
 
+// Ranks are int32 everywhere; a larger number must not wrap onto a real rank.
 StatusOr<int32_t> RankField(const json& body, const std::string& where) {
   if (!body.contains("rank") || !body["rank"].is_number_integer())
     return InvalidArgument(where + ": body needs an integer 'rank'");
-  return body["rank"].get<int32_t>();
+  const json& rank = body["rank"];
+  if (rank.is_number_unsigned() ? rank.get<uint64_t>() > INT32_MAX
+                                : rank.get<int64_t>() < INT32_MIN || rank.get<int64_t>() > INT32_MAX)
+    return InvalidArgument(where + ": 'rank' " + rank.dump() + " is not a rank");
+  return rank.get<int32_t>();
+}
+
+// An optional string member; json::value() would throw on another type.
+StatusOr<std::string> StringField(const json& body, const char* key, const std::string& fallback,
+                                  const std::string& where) {
+  if (!body.contains(key)) return fallback;
+  if (!body[key].is_string()) return InvalidArgument(where + ": '" + key + "' must be a string");
+  return body[key].get<std::string>();
 }
 
 }  // namespace
 
-std::string ReplyText(const json& body) { return body.dump(); }
+// Messages quote what the client sent (paths, keys, version text), which
+// need not be UTF-8; dump() throws on such bytes, so they are replaced.
+std::string ReplyText(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::chrono::milliseconds WaitParam(const std::optional<std::string>& wait_ms, int64_t fallback) {
   int64_t ms = fallback;
@@ -53,15 +71,17 @@ StatusOr<json> HandlePlan(Controller& c, const std::string& role_text, const std
                           std::chrono::milliseconds wait) {
   std::optional<Role> role = ParseRole(role_text);
   char* end = nullptr;
+  errno = 0;
   const long rank = std::strtol(rank_text.c_str(), &end, 10);
-  if (!role || rank_text.empty() || *end != '\0')
+  if (!role || rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
     return InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R");
   return c.PlanSlice(*role, static_cast<int32_t>(rank), wait);
 }
 
 StatusOr<json> HandleHeartbeat(Controller& c, const std::string& path, const std::string& text) {
   WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
-  std::optional<Role> role = ParseRole(body.value("role", std::string()));
+  WSYNC_ASSIGN_OR_RETURN(std::string role_text, StringField(body, "role", "", "heartbeat"));
+  std::optional<Role> role = ParseRole(role_text);
   StatusOr<int32_t> rank = RankField(body, path);
   if (!role) return InvalidArgument("heartbeat: 'role' must be trainer or inference");
   if (!rank.ok()) return rank.status();
@@ -71,8 +91,9 @@ StatusOr<json> HandleHeartbeat(Controller& c, const std::string& path, const std
 StatusOr<json> HandleKvAdd(Controller& c, const std::string& key, const std::string& path,
                            const std::string& text) {
   WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
-  if (!body.value("delta", json()).is_number_integer())
-    return InvalidArgument("kv add: body needs an integer 'delta'");
+  const json delta = body.value("delta", json());
+  if (!delta.is_number_integer() || (delta.is_number_unsigned() && delta.get<uint64_t>() > INT64_MAX))
+    return InvalidArgument("kv add: body needs an integer 'delta' (64-bit signed)");
   WSYNC_ASSIGN_OR_RETURN(int64_t value, c.KvAdd(key, body["delta"].get<int64_t>()));
   return json{{"value", value}};
 }
@@ -86,7 +107,8 @@ StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, co
                                 ? body.value("error", std::string()) : body.value("error", json()).dump();
   if (action == "start") return c.StartVersion(v, rank);
   if (action == "fail") {
-    std::optional<Role> role = ParseRole(body.value("role", std::string("trainer")));
+    WSYNC_ASSIGN_OR_RETURN(std::string role_text, StringField(body, "role", "trainer", "fail"));
+    std::optional<Role> role = ParseRole(role_text);
     if (!role) return InvalidArgument("fail: 'role' must be trainer or inference");
     return c.ReportFailure(v, *role, rank, error);
   }

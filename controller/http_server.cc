@@ -135,7 +135,8 @@ void HttpServer::InstallRoutes() {
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string what = res.status == 404 ? "no such route" : "HTTP " + std::to_string(res.status);
-    res.set_content(json{{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}.dump(),
+    // ReplyText: the path may hold bytes that are not UTF-8 (GET /%FF).
+    res.set_content(ReplyText({{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}),
                     "application/json");
   });
 }
