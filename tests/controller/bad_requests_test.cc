@@ -109,5 +109,31 @@ TEST_F(HandlerTest, KvCounterOverflowIsRefusedAndKeepsTheValue) {
                 "kv add: body needs an integer 'delta' (64-bit signed)");
 }
 
+// Found by state_store: a world.json or versions.json with a wrong type in
+// a field threw type_error out of Controller::Create (std::terminate in
+// `wsync controller --state-dir`).
+TEST_F(ControllerTest, StateDirWithWrongTypesIsRefusedInOneLine) {
+  StartServer();
+  RegisterAll();
+  StopServer();
+  const std::string world_path = (state_dir_ / "world.json").string();
+  json world = ReadJson(world_path);
+  const json good = world;
+  world["world"]["trainers"] = std::to_string(world_.trainers());
+  std::ofstream(world_path) << world.dump();
+  StatusOr<std::unique_ptr<Controller>> c = Controller::Create(Options());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            world_path + ": not a wsync.controller_state/v1 document; start with a fresh --state-dir");
+
+  std::ofstream(world_path) << good.dump();
+  const std::string versions_path = (state_dir_ / "versions.json").string();
+  std::ofstream(versions_path) << R"({"schema": "wsync.controller_versions/v1", "has_complete": 1})";
+  c = Controller::Create(Options());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            versions_path + ": not a wsync.controller_versions/v1 document; start with a fresh --state-dir");
+}
+
 }  // namespace
 }  // namespace wsync::controller::testing
