@@ -254,9 +254,16 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
         WSYNC_ASSIGN_OR_RETURN(s.held, ParseBox(sj.at("held")));
         s.gather_dim = sj.at("gather_dim").get<int32_t>();
         s.gather_ranks = sj.at("gather_ranks").get<std::vector<int32_t>>();
-        s.block_rows = sj.at("block")[0].get<int64_t>();
-        s.block_cols = sj.at("block")[1].get<int64_t>();
+        // operator[] on a const json array does not check bounds: sizes first.
+        const nlohmann::json& block = sj.at("block");
+        if (!block.is_array() || block.size() != 2)
+          return InvalidArgument("rank plan: source '" + s.name + "': 'block' must be [rows, cols]");
+        s.block_rows = block[0].get<int64_t>();
+        s.block_cols = block[1].get<int64_t>();
         for (const auto& wj : sj.at("writes")) {
+          if (!wj.is_array() || wj.size() != 8)
+            return InvalidArgument("rank plan: source '" + s.name + "': a write must be [dst_rank, kind, dtype, "
+                                   "box, region, region_offset, bytes, dst_name]");
           RankWrite w;
           w.dst_rank = wj[0].get<int32_t>();
           w.kind = wj[1].get<std::string>() == "s" ? WriteKind::kScale : WriteKind::kWeight;

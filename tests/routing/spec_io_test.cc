@@ -9,6 +9,7 @@
 #include "routing/json_reader.h"
 #include "routing/plan_io.h"
 #include "routing/planner.h"
+#include "routing/rank_plan.h"
 
 namespace wsync {
 namespace {
@@ -176,4 +177,34 @@ TEST(SpecIoTest, PlanJsonRoundTripsAndWritesAtomically) {
 }
 
 }  // namespace
+// Found by fuzz/plan_slice_fuzz.cc (ASan: heap-buffer-overflow): a slice's
+// "block" and write arrays were indexed without checking their length, and
+// const json::operator[] does not check bounds.
+TEST(SpecIoTest, TrainerSliceWithShortArraysIsAnError) {
+  auto trainer = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  auto inference = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  json config = Load("tiny_config.json");
+  auto mapping = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &config);
+  ASSERT_TRUE(trainer.ok() && inference.ok() && mapping.ok());
+  auto table = Plan(*trainer, *inference, *mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  auto slice = ExtractTrainerRankPlan(*table, *trainer, *inference, 0);
+  ASSERT_TRUE(slice.ok()) << slice.status().message();
+  const json good = ToJson(*slice);
+  ASSERT_TRUE(ParseTrainerRankPlan(good).ok());
+  const std::string name = good["groups"][0]["sources"][0]["name"];
+  json bad = good;
+  bad["groups"][0]["sources"][0]["block"] = json::array();
+  auto r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: source '" + name + "': 'block' must be [rows, cols]");
+  bad = good;
+  for (json& s : bad["groups"][0]["sources"])
+    for (json& w : s["writes"]) w = json::array({w[0], w[1]});
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("a write must be [dst_rank, kind, dtype"), std::string::npos)
+      << r.status().message();
+}
+
 }  // namespace wsync
