@@ -205,6 +205,30 @@ TEST(SpecIoTest, TrainerSliceWithShortArraysIsAnError) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("a write must be [dst_rank, kind, dtype"), std::string::npos)
       << r.status().message();
+  bad = good;
+  bad["groups"][0]["sources"][0]["dtype"] = "bf61";
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: unknown dtype \"bf61\"");
+}
+
+// Found by fuzz/plan_slice_fuzz.cc (UBSan): get<uint64_t>() of 4.4e44
+// (a float) is undefined; 1.5 became 1 and an unknown dtype bf16, silently.
+TEST(SpecIoTest, SliceNumbersMustBeIntegersAndDtypesKnown) {
+  json slice = {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", 1}, {"write_bytes", {512, 4.4e44}},
+                {"bytes", 512}};
+  auto r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: 'write_bytes' must be an integer in range, got 4.4e+44");
+  slice["write_bytes"] = {512};
+  slice["rank"] = 1.5;
+  r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: 'rank' must be an integer in range, got 1.5");
+  slice["rank"] = int64_t{1} << 40;
+  EXPECT_FALSE(ParseInferenceRankPlan(slice).ok());
+  slice["rank"] = 1;
+  EXPECT_TRUE(ParseInferenceRankPlan(slice).ok());
 }
 
 }  // namespace wsync
