@@ -17,7 +17,7 @@ echo "fuzz: checking system packages (clang, libFuzzer runtime, build deps)"
 bash scripts/install_deps.sh
 
 echo "fuzz: configuring $BUILD (clang, -fsanitize=fuzzer,address,undefined, WSYNC_FUZZ=ON)"
-CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Fuzz \
   -DWSYNC_FUZZ=ON -DWSYNC_TESTS=OFF -DWSYNC_PYTHON=OFF >/dev/null
 echo "fuzz: building the targets and their seed corpus (ninja, $JOBS jobs)"
 cmake --build "$BUILD" --target wsync_fuzz -j "$JOBS"
