@@ -440,7 +440,8 @@ StatusOr<int64_t> Controller::KvAdd(const std::string& key, int64_t delta) {
     if (it->second.empty() || *end != '\0')
       return InvalidArgument("key '" + key + "' holds a non-integer value; add needs a decimal counter");
   }
-  value += delta;
+  if (__builtin_add_overflow(value, delta, &value))
+    return InvalidArgument("key '" + key + "': adding " + std::to_string(delta) + " overflows the 64-bit counter");
   kv_[key] = std::to_string(value);
   cv_.notify_all();
   return value;

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
+
+#include "controller/http_handlers.h"
 
 namespace wsync::controller {
 
@@ -15,7 +18,6 @@ using nlohmann::json;
 namespace {
 
 constexpr int64_t kDefaultWaitMs = 10000;
-constexpr int64_t kMaxWaitMs = 60000;
 
 int HttpCode(StatusCode code) {
   switch (code) {
@@ -51,7 +53,7 @@ std::string ReasonOf(const std::string& message) {
 
 void SendJson(httplib::Response& res, int code, const json& body) {
   res.status = code;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(ReplyText(body), "application/json");
 }
 
 void SendError(httplib::Response& res, const Status& s) {
@@ -63,33 +65,9 @@ void Send(httplib::Response& res, const StatusOr<json>& r) {
   else SendError(res, r.status());
 }
 
-StatusOr<json> ParseBody(const httplib::Request& req) {
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument(req.path + ": request body is not a JSON object");
-  return j;
-}
-
-// `wait_ms` query parameter, clamped to [0, kMaxWaitMs].
-std::chrono::milliseconds WaitParam(const httplib::Request& req, int64_t fallback) {
-  int64_t ms = fallback;
-  if (req.has_param("wait_ms")) ms = std::strtoll(req.get_param_value("wait_ms").c_str(), nullptr, 10);
-  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxWaitMs));
-}
-
-StatusOr<uint64_t> ParseVersion(const std::string& s) {
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE)
-    return InvalidArgument("version '" + s + "' is not an unsigned 64-bit integer");
-  return static_cast<uint64_t>(v);
-}
-
-StatusOr<int32_t> RankField(const json& body, const std::string& where) {
-  if (!body.contains("rank") || !body["rank"].is_number_integer())
-    return InvalidArgument(where + ": body needs an integer 'rank'");
-  return body["rank"].get<int32_t>();
+std::optional<std::string> Param(const httplib::Request& req, const char* name) {
+  if (!req.has_param(name)) return std::nullopt;
+  return req.get_param_value(name);
 }
 
 }  // namespace
@@ -164,24 +142,15 @@ void HttpServer::InstallRoutes() {
   });
 
   s.Post("/v1/register/trainer", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> body = ParseBody(req);
-    if (!body.ok()) return SendError(res, body.status());
-    Send(res, c->RegisterTrainer(*body));
+    Send(res, HandleRegister(*c, Role::kTrainer, req.path, req.body));
   });
   s.Post("/v1/register/inference", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> body = ParseBody(req);
-    if (!body.ok()) return SendError(res, body.status());
-    Send(res, c->RegisterInference(*body));
+    Send(res, HandleRegister(*c, Role::kInference, req.path, req.body));
   });
 
   s.Get("/v1/plan", [c](const httplib::Request& req, httplib::Response& res) {
-    std::optional<Role> role = ParseRole(req.get_param_value("role"));
-    const std::string rank_text = req.get_param_value("rank");
-    char* end = nullptr;
-    const long rank = std::strtol(rank_text.c_str(), &end, 10);
-    if (!role || rank_text.empty() || *end != '\0')
-      return SendError(res, InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R"));
-    StatusOr<json> slice = c->PlanSlice(*role, static_cast<int32_t>(rank), WaitParam(req, 0));
+    StatusOr<json> slice = HandlePlan(*c, req.get_param_value("role"), req.get_param_value("rank"),
+                                      WaitParam(Param(req, "wait_ms"), 0));
     if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return Send(res, slice);
     json body = c->WorldSummary();
     body["error"] = slice.status().message();
@@ -189,13 +158,7 @@ void HttpServer::InstallRoutes() {
   });
 
   s.Post("/v1/heartbeat", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> body = ParseBody(req);
-    if (!body.ok()) return SendError(res, body.status());
-    std::optional<Role> role = ParseRole(body->value("role", std::string()));
-    StatusOr<int32_t> rank = RankField(*body, req.path);
-    if (!role) return SendError(res, InvalidArgument("heartbeat: 'role' must be trainer or inference"));
-    if (!rank.ok()) return SendError(res, rank.status());
-    Send(res, c->Heartbeat(*role, *rank));
+    Send(res, HandleHeartbeat(*c, req.path, req.body));
   });
 
   // Gloo rendezvous store: raw values, long-polled reads, counters.
@@ -204,46 +167,20 @@ void HttpServer::InstallRoutes() {
     SendJson(res, 200, json::object());
   });
   s.Get(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(req, kDefaultWaitMs));
+    StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(Param(req, "wait_ms"), kDefaultWaitMs));
     if (!value.ok()) return SendError(res, value.status());
     res.set_content(*value, "application/octet-stream");
   });
   s.Post(R"(/v1/kv/(.+)/add)", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> body = ParseBody(req);
-    if (!body.ok()) return SendError(res, body.status());
-    if (!body->value("delta", json()).is_number_integer())
-      return SendError(res, InvalidArgument("kv add: body needs an integer 'delta'"));
-    StatusOr<int64_t> value = c->KvAdd(req.matches[1], (*body)["delta"].get<int64_t>());
-    if (!value.ok()) return SendError(res, value.status());
-    SendJson(res, 200, {{"value", *value}});
+    Send(res, HandleKvAdd(*c, req.matches[1], req.path, req.body));
   });
 
   s.Post(R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|fail))",
          [c](const httplib::Request& req, httplib::Response& res) {
-           StatusOr<uint64_t> v = ParseVersion(req.matches[1]);
-           if (!v.ok()) return SendError(res, v.status());
-           StatusOr<json> body = ParseBody(req);
-           if (!body.ok()) return SendError(res, body.status());
-           StatusOr<int32_t> rank = RankField(*body, req.path);
-           if (!rank.ok()) return SendError(res, rank.status());
-           const std::string action = req.matches[2];
-           const std::string error = body->value("error", json("")).is_string()
-                                         ? body->value("error", std::string()) : body->value("error", json()).dump();
-           if (action == "start") return Send(res, c->StartVersion(*v, *rank));
-           if (action == "fail") {
-             std::optional<Role> role = ParseRole(body->value("role", std::string("trainer")));
-             if (!role) return SendError(res, InvalidArgument("fail: 'role' must be trainer or inference"));
-             return Send(res, c->ReportFailure(*v, *role, *rank, error));
-           }
-           const Role role = action == "trainer_done" ? Role::kTrainer : Role::kInference;
-           const json ok = body->value("ok", json(true));
-           if (!ok.is_boolean()) return SendError(res, InvalidArgument(action + ": 'ok' must be true or false"));
-           Send(res, c->ReportDone(*v, role, *rank, ok.get<bool>(), error, body->value("stats", json())));
+           Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
          });
   s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<uint64_t> v = ParseVersion(req.matches[1]);
-    if (!v.ok()) return SendError(res, v.status());
-    Send(res, c->GetVersion(*v, WaitParam(req, 0)));
+    Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0)));
   });
 
   s.Get("/v1/status", [c](const httplib::Request&, httplib::Response& res) {
@@ -291,7 +228,8 @@ void HttpServer::InstallRoutes() {
   open.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string what = res.status == 404 ? "no such route" : "HTTP " + std::to_string(res.status);
-    res.set_content(json{{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}.dump(),
+    // ReplyText: the path may hold bytes that are not UTF-8 (GET /%FF).
+    res.set_content(ReplyText({{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}),
                     "application/json");
   });
 }

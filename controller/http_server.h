@@ -1,5 +1,6 @@
 // The control plane's HTTP/JSON front end (docs/CONTROL_PLANE.md) over
-// cpp-httplib: maps each route onto a Controller call and Status codes onto
+// cpp-httplib: binds each route to its handler (http_handlers.h, which
+// decodes the request and calls the Controller) and maps Status codes onto
 // HTTP status codes.
 //
 // Used by `wsync controller` (cli/controller_command.cc) and by tests, which

@@ -6,6 +6,7 @@
 #include "routing/chunking.h"
 #include "routing/dtype.h"
 #include "routing/spec_io.h"
+#include "routing/validate.h"
 
 namespace wsync::controller {
 
@@ -57,6 +58,8 @@ Status CheckLocalShard(const std::string& where, const json& param, const json& 
   if (placements.size() != mesh_shape.size() || coord.size() != mesh_shape.size()) return Status::Ok();
   for (size_t i = 0; i < coord.size(); ++i)
     if (mesh_shape[i] <= 0 || coord[i] < 0 || coord[i] >= mesh_shape[i]) return Status::Ok();
+  // Sizes the strict loader refuses (too large to chunk without overflow).
+  if (!ShapeBytes(global, 1) || !ShapeBytes(mesh_shape, 1)) return Status::Ok();
   std::vector<Range> ranges;
   LocalShard(global, mesh_shape, coord, placements, &ranges);
   Shape want_shape, want_offset;

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "routing/json_reader.h"
 #include "routing/spec_io.h"
 
 namespace wsync::controller {
@@ -28,10 +30,10 @@ StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path) {
   if (!in) return Internal(path + ": cannot open: " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return InvalidArgument(path + ": not valid JSON; the state dir is damaged, start with a fresh --state-dir");
-  return std::optional<json>(std::move(j));
+  StatusOr<json> j = ParseJsonText(text.str(), path);
+  if (!j.ok())
+    return InvalidArgument(j.status().message() + "; the state dir is damaged, start with a fresh --state-dir");
+  return std::optional<json>(std::move(j).value());
 }
 
 // Temp file + fsync + rename: readers see the old file or the new one.
@@ -84,14 +86,20 @@ StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
   WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
   if (!j) return std::optional<PersistedWorld>();
   const json& s = *j;
-  if (!s.is_object() || s.value("schema", "") != kStateSchema || !s.contains("world") ||
-      !s["world"].is_object() || !s.contains("trainer") || !s.contains("inference") ||
+  // Every type checked before a get(): json::value() throws on a mismatch.
+  auto is_int32 = [](const json& w, const char* key) {
+    return w.contains(key) && w[key].is_number_integer() && w[key].get<int64_t>() >= 0 &&
+           w[key].get<int64_t>() <= INT32_MAX;
+  };
+  if (!s.is_object() || s.value("schema", json()) != kStateSchema || !s.contains("world") ||
+      !s["world"].is_object() || !is_int32(s["world"], "trainers") || !is_int32(s["world"], "inference") ||
+      !s.contains("trainer") || !s.contains("inference") ||
       !s.contains("mapping") || !s.value("plan_id", json()).is_string())
     return InvalidArgument(path + ": not a " + std::string(kStateSchema) +
                            " document; start with a fresh --state-dir");
   PersistedWorld w;
-  w.trainer_ranks = s["world"].value("trainers", 0);
-  w.inference_ranks = s["world"].value("inference", 0);
+  w.trainer_ranks = s["world"]["trainers"].get<int32_t>();
+  w.inference_ranks = s["world"]["inference"].get<int32_t>();
   w.trainer = s["trainer"];
   w.inference = s["inference"];
   w.mapping = s["mapping"];
@@ -115,7 +123,13 @@ StatusOr<PersistedVersions> StateStore::LoadVersions() const {
   const std::string path = Path("versions.json");
   WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
   if (!j) return v;
-  if (!j->is_object() || j->value("schema", "") != kVersionsSchema)
+  // Types checked first: json::value() throws on a mismatch.
+  auto absent_or = [&](const char* key, bool (json::*is)() const noexcept) {
+    return !j->contains(key) || ((*j)[key].*is)();
+  };
+  if (!j->is_object() || j->value("schema", json()) != kVersionsSchema ||
+      !absent_or("has_complete", &json::is_boolean) || !absent_or("latest_complete", &json::is_number_unsigned) ||
+      !absent_or("update_seconds", &json::is_number) || !absent_or("finished_unix", &json::is_number))
     return InvalidArgument(path + ": not a " + std::string(kVersionsSchema) +
                            " document; start with a fresh --state-dir");
   v.has_complete = j->value("has_complete", false);

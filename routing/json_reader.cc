@@ -163,21 +163,44 @@ Status JsonObjectReader::Finish() {
   return status_;
 }
 
+StatusOr<json> ParseJsonText(std::string_view text, const std::string& where) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return InvalidArgument(where + ": malformed JSON: nested deeper than " + std::to_string(kMaxJsonDepth) +
+                               " levels at byte " + std::to_string(i));
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  // nlohmann reports the error position only through its exceptions
+  // (parse_error, and out_of_range for a number like 1e999); they are caught
+  // right here and turned into a Status.
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    std::string msg = e.what();
+    auto pos = msg.find("] ");
+    if (pos != std::string::npos) msg = msg.substr(pos + 2);
+    return InvalidArgument(where + ": malformed JSON: " + msg);
+  }
+}
+
 StatusOr<json> ReadJsonFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound(path + ": cannot open: " + std::strerror(errno));
   std::stringstream buf;
   buf << in.rdbuf();
-  // nlohmann reports the error position only through its exception; it is
-  // caught right here and turned into a Status.
-  try {
-    return json::parse(buf.str());
-  } catch (const json::parse_error& e) {
-    std::string msg = e.what();
-    auto pos = msg.find("parse error");
-    if (pos != std::string::npos) msg = msg.substr(pos);
-    return InvalidArgument(path + ": malformed JSON: " + msg);
-  }
+  return ParseJsonText(buf.str(), path);
 }
 
 Status WriteJsonFileAtomic(const json& j, const std::string& path, int indent) {

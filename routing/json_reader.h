@@ -1,6 +1,7 @@
 // Strict, exception-free reading of one JSON object for the spec loaders.
 //
-// Internal to routing/ (spec_io and plan_io). Every field accessor records the
+// Internal to routing/ (spec_io and plan_io), except ParseJsonText, which
+// the controller also uses for request bodies. Every field accessor records the
 // key as known, so Finish() can reject unknown keys (typos must not pass
 // silently). The first error wins and is reported as one line prefixed with
 // `where` ("trainer.json: rank 3: tensor 'x'").
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,8 +55,17 @@ class JsonObjectReader {
   Status status_;
 };
 
-// Reads a whole file into JSON; malformed JSON gives one line naming the file
-// and the parser's position message.
+// Documents nested deeper than this are refused before parsing: copying,
+// comparing and printing a JSON value recurse once per level, so a few MB
+// of "[[[[..." would otherwise exhaust a thread's stack. Ours nest < 10.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text`; malformed JSON (including numbers out of range such as
+// 1e999), or nesting deeper than kMaxJsonDepth, gives one line starting with
+// `where` and naming the parser's position. Never throws.
+StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::string& where);
+
+// Reads a whole file into JSON (ParseJsonText, `where` = the path).
 StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 
 // Writes `j` to `path` through a temp file + rename, so readers never see a

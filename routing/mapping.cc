@@ -201,8 +201,9 @@ Status Mapper::Resolve(const InferenceTensor& t, const TensorWhere& where,
     const size_t nd = t.shape.size();
     if (nd < 2) return InvalidArgument(where + ": fp8 tensor needs at least 2 dims for block scales");
     Shape want = t.shape;
-    want[nd - 2] = (want[nd - 2] + q.block_rows - 1) / q.block_rows;
-    want[nd - 1] = (want[nd - 1] + q.block_cols - 1) / q.block_cols;
+    // ceil(n / block) that cannot overflow: a block may be any positive int64.
+    want[nd - 2] = want[nd - 2] / q.block_rows + (want[nd - 2] % q.block_rows != 0);
+    want[nd - 1] = want[nd - 1] / q.block_cols + (want[nd - 1] % q.block_cols != 0);
     if (!t.scale || t.scale->shape != want)
       return InvalidArgument(where + ": scale shape " + (t.scale ? ShapeStr(t.scale->shape) : "none") +
                              ", expected block grid " + ShapeStr(want) + " for " +

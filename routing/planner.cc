@@ -26,7 +26,8 @@ struct Job {
   uint64_t bytes = 0;    // weights + scales, for balancing
 };
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a >= 0, b > 0; no a + b - 1, which overflows for a block near 2^63.
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 std::string PlacementKey(const TrainerParam& p) {
   std::string k = p.mesh;

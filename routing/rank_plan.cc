@@ -1,6 +1,8 @@
 #include "routing/rank_plan.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -38,21 +40,55 @@ nlohmann::json BoxJson(const Box& b) {
           std::vector<int64_t>(b.size.begin(), b.size.begin() + b.ndim)};
 }
 
+// A slice's numbers must be integers in the field's range: json's get<T>()
+// converts a float silently, and undefined behaviour when it is out of range.
+template <typename T>
+StatusOr<T> IntOf(const nlohmann::json& j, const char* what) {
+  using Limits = std::numeric_limits<T>;
+  bool fits = false;
+  if (j.is_number_unsigned()) {
+    fits = j.get<uint64_t>() <= static_cast<uint64_t>(Limits::max());
+  } else if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    fits = v >= 0 ? static_cast<uint64_t>(v) <= static_cast<uint64_t>(Limits::max())
+                  : Limits::is_signed && v >= static_cast<int64_t>(Limits::min());
+  }
+  if (!fits)
+    return InvalidArgument(std::string("rank plan: '") + what + "' must be an integer in range, got " + j.dump());
+  return j.get<T>();
+}
+
+template <typename T>
+StatusOr<std::vector<T>> IntsOf(const nlohmann::json& j, const char* what) {
+  if (!j.is_array()) return InvalidArgument(std::string("rank plan: '") + what + "' must be an array of integers");
+  std::vector<T> out;
+  out.reserve(j.size());
+  for (const nlohmann::json& e : j) {
+    WSYNC_ASSIGN_OR_RETURN(T v, IntOf<T>(e, what));
+    out.push_back(v);
+  }
+  return out;
+}
+
 StatusOr<Box> ParseBox(const nlohmann::json& j) {
-  if (!j.is_array() || j.size() != 2 || !j[0].is_array() || j[0].size() != j[1].size() ||
+  if (!j.is_array() || j.size() != 2 || !j[0].is_array() || !j[1].is_array() || j[0].size() != j[1].size() ||
       j[0].size() > static_cast<size_t>(kMaxDims)) {
     return InvalidArgument("rank plan: malformed box " + j.dump());
   }
   Box b;
   b.ndim = static_cast<int8_t>(j[0].size());
   for (int i = 0; i < b.ndim; ++i) {
-    b.offset[i] = j[0][i].get<int64_t>();
-    b.size[i] = j[1][i].get<int64_t>();
+    WSYNC_ASSIGN_OR_RETURN(b.offset[i], IntOf<int64_t>(j[0][i], "box"));
+    WSYNC_ASSIGN_OR_RETURN(b.size[i], IntOf<int64_t>(j[1][i], "box"));
   }
   return b;
 }
 
-DType DTypeOr(const std::string& s) { return ParseDType(s).value_or(DType::kBF16); }
+StatusOr<DType> DTypeOf(const nlohmann::json& j) {
+  std::optional<DType> d = j.is_string() ? ParseDType(j.get<std::string>()) : std::nullopt;
+  if (!d) return InvalidArgument("rank plan: unknown dtype " + j.dump());
+  return *d;
+}
 
 }  // namespace
 
@@ -242,34 +278,44 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
       return InvalidArgument("rank plan: expected schema wsync.trainer_rank_plan/v1");
     }
     TrainerRankPlan plan;
-    plan.rank = j.at("rank").get<int32_t>();
-    plan.world = j.at("world").get<int32_t>();
-    plan.write_bytes = j.at("write_bytes").get<uint64_t>();
-    plan.writes = j.at("writes").get<uint64_t>();
+    WSYNC_ASSIGN_OR_RETURN(plan.rank, IntOf<int32_t>(j.at("rank"), "rank"));
+    WSYNC_ASSIGN_OR_RETURN(plan.world, IntOf<int32_t>(j.at("world"), "world"));
+    WSYNC_ASSIGN_OR_RETURN(plan.write_bytes, IntOf<uint64_t>(j.at("write_bytes"), "write_bytes"));
+    WSYNC_ASSIGN_OR_RETURN(plan.writes, IntOf<uint64_t>(j.at("writes"), "writes"));
     for (const auto& gj : j.at("groups")) {
       RankMeshGroup g;
       g.name = gj.at("name").get<std::string>();
-      g.ranks = gj.at("ranks").get<std::vector<int32_t>>();
+      WSYNC_ASSIGN_OR_RETURN(g.ranks, IntsOf<int32_t>(gj.at("ranks"), "ranks"));
       for (const auto& sj : gj.at("sources")) {
         RankSource s;
         s.name = sj.at("name").get<std::string>();
-        s.global_shape = sj.at("global_shape").get<Shape>();
-        s.dtype = DTypeOr(sj.at("dtype").get<std::string>());
+        WSYNC_ASSIGN_OR_RETURN(s.global_shape, IntsOf<int64_t>(sj.at("global_shape"), "global_shape"));
+        WSYNC_ASSIGN_OR_RETURN(s.dtype, DTypeOf(sj.at("dtype")));
         WSYNC_ASSIGN_OR_RETURN(s.local, ParseBox(sj.at("local")));
         WSYNC_ASSIGN_OR_RETURN(s.held, ParseBox(sj.at("held")));
-        s.gather_dim = sj.at("gather_dim").get<int32_t>();
-        s.gather_ranks = sj.at("gather_ranks").get<std::vector<int32_t>>();
-        s.block_rows = sj.at("block")[0].get<int64_t>();
-        s.block_cols = sj.at("block")[1].get<int64_t>();
+        WSYNC_ASSIGN_OR_RETURN(s.gather_dim, IntOf<int32_t>(sj.at("gather_dim"), "gather_dim"));
+        WSYNC_ASSIGN_OR_RETURN(s.gather_ranks, IntsOf<int32_t>(sj.at("gather_ranks"), "gather_ranks"));
+        // operator[] on a const json array does not check bounds: sizes first.
+        const nlohmann::json& block = sj.at("block");
+        if (!block.is_array() || block.size() != 2)
+          return InvalidArgument("rank plan: source '" + s.name + "': 'block' must be [rows, cols]");
+        WSYNC_ASSIGN_OR_RETURN(s.block_rows, IntOf<int64_t>(block[0], "block"));
+        WSYNC_ASSIGN_OR_RETURN(s.block_cols, IntOf<int64_t>(block[1], "block"));
         for (const auto& wj : sj.at("writes")) {
+          if (!wj.is_array() || wj.size() != 8)
+            return InvalidArgument("rank plan: source '" + s.name + "': a write must be [dst_rank, kind, dtype, "
+                                   "box, region, region_offset, bytes, dst_name]");
           RankWrite w;
-          w.dst_rank = wj[0].get<int32_t>();
-          w.kind = wj[1].get<std::string>() == "s" ? WriteKind::kScale : WriteKind::kWeight;
-          w.dst_dtype = DTypeOr(wj[2].get<std::string>());
+          WSYNC_ASSIGN_OR_RETURN(w.dst_rank, IntOf<int32_t>(wj[0], "dst_rank"));
+          const std::string kind = wj[1].get<std::string>();
+          if (kind != "w" && kind != "s")
+            return InvalidArgument("rank plan: source '" + s.name + "': write kind '" + kind + "' is not \"w\" or \"s\"");
+          w.kind = kind == "s" ? WriteKind::kScale : WriteKind::kWeight;
+          WSYNC_ASSIGN_OR_RETURN(w.dst_dtype, DTypeOf(wj[2]));
           WSYNC_ASSIGN_OR_RETURN(w.src_box, ParseBox(wj[3]));
           w.region = wj[4].get<std::string>();
-          w.region_offset = wj[5].get<uint64_t>();
-          w.bytes = wj[6].get<uint64_t>();
+          WSYNC_ASSIGN_OR_RETURN(w.region_offset, IntOf<uint64_t>(wj[5], "region_offset"));
+          WSYNC_ASSIGN_OR_RETURN(w.bytes, IntOf<uint64_t>(wj[6], "bytes"));
           w.dst_name = wj[7].get<std::string>();
           s.writes.push_back(std::move(w));
         }
@@ -279,7 +325,7 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
     }
     for (const auto& pj : j.at("peers")) {
       InferencePeer p;
-      p.rank = pj.at("rank").get<int32_t>();
+      WSYNC_ASSIGN_OR_RETURN(p.rank, IntOf<int32_t>(pj.at("rank"), "rank"));
       p.host = pj.at("host").get<std::string>();
       p.region_descriptors = pj.at("regions").get<std::map<std::string, std::string>>();
       plan.peers.push_back(std::move(p));
@@ -296,12 +342,21 @@ StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j) {
       return InvalidArgument("rank plan: expected schema wsync.inference_rank_plan/v1");
     }
     InferenceRankPlan plan;
-    plan.rank = j.at("rank").get<int32_t>();
-    for (const auto& wj : j.at("writes")) {
-      plan.writes.push_back({wj.at(0).get<std::string>(), wj.at(1).get<uint64_t>(), wj.at(2).get<uint64_t>(),
-                             wj.at(3).get<std::string>()});
+    WSYNC_ASSIGN_OR_RETURN(plan.rank, IntOf<int32_t>(j.at("rank"), "rank"));
+    const nlohmann::json& writes = j.at("writes");
+    if (!writes.is_array()) return InvalidArgument("rank plan: 'writes' must be an array");
+    for (const nlohmann::json& wj : writes) {
+      if (!wj.is_array() || wj.size() != 4 || !wj[0].is_string() || !wj[3].is_string()) {
+        return InvalidArgument("rank plan: a write must be [region, offset, bytes, tensor], got " + wj.dump());
+      }
+      IncomingWrite w;
+      w.region = wj[0].get<std::string>();
+      WSYNC_ASSIGN_OR_RETURN(w.offset, IntOf<uint64_t>(wj[1], "write offset"));
+      WSYNC_ASSIGN_OR_RETURN(w.bytes, IntOf<uint64_t>(wj[2], "write bytes"));
+      w.tensor = wj[3].get<std::string>();
+      plan.writes.push_back(std::move(w));
     }
-    plan.bytes = j.at("bytes").get<uint64_t>();
+    WSYNC_ASSIGN_OR_RETURN(plan.bytes, IntOf<uint64_t>(j.at("bytes"), "bytes"));
     return plan;
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("rank plan: malformed: ") + e.what());

@@ -8,6 +8,7 @@
 // not tile) belong to the planner, which sees all three.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ Status ValidateInferenceSpec(const InferenceSpec& spec, const std::string& sourc
 // dim below kMaxDims (not on tied or {*} rules); quantize rules have
 // positive blocks and at most one rule per dtype.
 Status ValidateMapping(const MappingSpec& spec, const std::string& source);
+
+// Bytes of a tensor of `shape` with `elem_size`-byte elements; nullopt when
+// a dim is negative or the size does not fit in int64 (so 2^62 elements of
+// a shape that passed can be counted, chunked and offset without overflow).
+std::optional<int64_t> ShapeBytes(const std::vector<int64_t>& shape, int64_t elem_size);
 
 // Ranks listed as 0..N-1, each once (N > 0); `role` names them in the error.
 template <typename RankT>

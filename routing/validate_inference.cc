@@ -20,11 +20,12 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+// Only for shapes CheckTensor passed (their size fits in int64).
 uint64_t Bytes(const Shape& shape, DType dtype) {
-  uint64_t n = static_cast<uint64_t>(DTypeSize(dtype));
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
+  return static_cast<uint64_t>(ShapeBytes(shape, DTypeSize(dtype)).value_or(0));
 }
+
+int64_t Blocks(int64_t n) { return n / 128 + (n % 128 != 0); }  // ceil(n / 128), no overflow
 
 struct Extent {
   uint64_t begin, end;
@@ -39,6 +40,9 @@ Status CheckTensor(const std::string& where, const InferenceTensor& t) {
                            std::to_string(kMaxDims) + " dims");
   for (int64_t d : t.shape)
     if (d < 0) return InvalidArgument(where + "negative shape " + ShapeStr(t.shape));
+  // A size that wrapped around would pass the region bounds check below.
+  if (!ShapeBytes(t.shape, DTypeSize(t.dtype)))
+    return InvalidArgument(where + "shape " + ShapeStr(t.shape) + " is too large (over 2^63 bytes)");
   if (t.tp) {
     if (t.tp->size < 1 || t.tp->rank < 0 || t.tp->rank >= t.tp->size)
       return InvalidArgument(where + "tp rank " + std::to_string(t.tp->rank) + " of size " +
@@ -65,8 +69,8 @@ Status CheckTensor(const std::string& where, const InferenceTensor& t) {
     if (nd < 2)
       return InvalidArgument(where + "fp8_e4m3 tensor must have at least 2 dims for 128x128 block scales");
     Shape want = t.shape;
-    want[nd - 2] = (want[nd - 2] + 127) / 128;
-    want[nd - 1] = (want[nd - 1] + 127) / 128;
+    want[nd - 2] = Blocks(want[nd - 2]);
+    want[nd - 1] = Blocks(want[nd - 1]);
     if (t.scale->shape != want)
       return InvalidArgument(where + "scale '" + t.scale->name + "' has shape " +
                              ShapeStr(t.scale->shape) + ", expected block grid " + ShapeStr(want) +

@@ -51,6 +51,9 @@ Status CheckParamShape(const std::string& source, const TrainerRank& rank, const
                                        " must have 1 to " + std::to_string(kMaxDims) + " dims");
   for (int64_t d : p.global_shape)
     if (d < 0) return Fail(source, rank.rank, where + "negative global_shape " + ShapeStr(p.global_shape));
+  if (!ShapeBytes(p.global_shape, DTypeSize(p.dtype)))
+    return Fail(source, rank.rank, where + "global_shape " + ShapeStr(p.global_shape) + " is too large (" +
+                                       "over 2^63 bytes)");
   if (p.placements.size() != mesh.shape.size())
     return Fail(source, rank.rank,
                 where + std::to_string(p.placements.size()) + " placements " +
@@ -89,6 +92,13 @@ Status CheckParamShape(const std::string& source, const TrainerRank& rank, const
 
 }  // namespace
 
+std::optional<int64_t> ShapeBytes(const std::vector<int64_t>& shape, int64_t elem_size) {
+  int64_t n = elem_size;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return n;
+}
+
 Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
   WSYNC_RETURN_IF_ERROR(ValidateRankSequence(spec.ranks, "trainer", source));
   // Meshes: one shape/dim-name set per id, every coordinate exactly once.
@@ -104,16 +114,19 @@ Status ValidateTrainerSpec(const TrainerSpec& spec, const std::string& source) {
         return Fail(source, rank.rank, "mesh '" + m.mesh + "': shape " + ShapeStr(m.shape) +
                                            ", dim_names " + NamesStr(m.dim_names) + " and coord " +
                                            ShapeStr(m.coord) + " must have the same non-zero length");
+      constexpr int64_t kMaxMeshRanks = int64_t{1} << 24;
       int64_t flat = 0, total = 1;
       for (size_t d = 0; d < m.shape.size(); ++d) {
         if (m.shape[d] <= 0 || m.coord[d] < 0 || m.coord[d] >= m.shape[d])
           return Fail(source, rank.rank, "mesh '" + m.mesh + "': coord " + ShapeStr(m.coord) +
                                              " outside shape " + ShapeStr(m.shape));
+        // Checked before multiplying: [2^32, 2^32] must not wrap to 0.
+        if (m.shape[d] > kMaxMeshRanks / total)
+          return Fail(source, rank.rank, "mesh '" + m.mesh + "': shape " + ShapeStr(m.shape) +
+                                             " too large (over 2^24 ranks)");
         flat = flat * m.shape[d] + m.coord[d];
         total *= m.shape[d];
       }
-      if (total > (int64_t{1} << 24))
-        return Fail(source, rank.rank, "mesh '" + m.mesh + "': shape " + ShapeStr(m.shape) + " too large");
       MeshInfo& info = meshes[m.mesh];
       if (!info.first) {
         mesh_order.push_back(m.mesh);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command named in README.md: installs deps, builds, runs every ctest suite.
+# The test command named in README.md: installs deps, builds, runs every ctest suite,
+# the torch tests and a short fuzz of every parser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -20,3 +21,7 @@ echo "test: C++ suites (ctest)"
 echo "test: Python side (torch venv, wsync package, pytest)"
 VENV=$(bash scripts/python_env.sh)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests
+# Every parser of external input under libFuzzer + ASan/UBSan for a few
+# seconds each (a clang build of its own in build-fuzz; docs/FUZZING.md).
+echo "test: fuzz targets (scripts/fuzz.sh, ${FUZZ_SECONDS:-10} s each)"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"

@@ -104,5 +104,13 @@ TEST_F(MappingErrorsTest, OverlappingDestinations) {
   ExpectError({"inference.json: rank 1", "overlaps tensor"});
 }
 
+// Found by fuzz/mapping_spec_fuzz.cc (UBSan): the block grid was computed
+// as (n + block - 1) / block, which overflows for a block near 2^63.
+TEST_F(MappingErrorsTest, HugeQuantizeBlockIsAScaleShapeErrorNotAnOverflow) {
+  mapping_.quant[0].block_rows = INT64_MAX;
+  ExpectError({"inference.json: rank 0: tensor 'model.layers.0.mlp.down_proj.weight'",
+               "scale shape [2, 2], expected block grid [1, 2] for 9223372036854775807x128 blocks"});
+}
+
 }  // namespace
 }  // namespace wsync

@@ -9,6 +9,7 @@
 #include "routing/json_reader.h"
 #include "routing/plan_io.h"
 #include "routing/planner.h"
+#include "routing/rank_plan.h"
 
 namespace wsync {
 namespace {
@@ -56,6 +57,27 @@ TEST(SpecIoTest, MalformedJsonNamesFileAndPosition) {
   EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("line 2"), std::string::npos) << r.status().message();
   ExpectOneLine(r.status());
+}
+
+// Found by fuzz/trainer_spec_fuzz.cc: nlohmann throws out_of_range, not
+// parse_error, for a number too large for a double, and that escaped
+// ReadJsonFile and ended `wsync plan` with std::terminate.
+TEST(SpecIoTest, NumberOutOfRangeIsMalformedJsonNotACrash) {
+  const std::string path = ::testing::TempDir() + "/huge_number_trainer.json";
+  std::ofstream(path) << "{\"schema\": \"wsync.trainer/v1\", \"mesh_groups\": [], \"ranks\": [{\"rank\": 1e999}]}";
+  auto r = ParseTrainerSpecFromFile(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), path + ": malformed JSON: number overflow parsing '1e999'");
+}
+
+// Copying or printing a value recurses per level: a few MB of brackets
+// would exhaust the stack, so such documents are refused up front.
+TEST(SpecIoTest, DeeplyNestedJsonIsRefusedNamingTheDepth) {
+  const std::string deep = "{\"ranks\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto r = ParseJsonText(deep, "trainer.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "trainer.json: malformed JSON: nested deeper than 64 levels at byte 73");
+  EXPECT_TRUE(ParseJsonText("{\"a\": \"[[[[[[\"}", "x").ok()) << "brackets inside strings do not count";
 }
 
 TEST(SpecIoTest, MissingFileIsNotFound) {
@@ -155,4 +177,62 @@ TEST(SpecIoTest, PlanJsonRoundTripsAndWritesAtomically) {
 }
 
 }  // namespace
+// Found by fuzz/plan_slice_fuzz.cc (ASan: heap-buffer-overflow): a slice's
+// "block" and write arrays were indexed without checking their length, and
+// const json::operator[] does not check bounds.
+TEST(SpecIoTest, TrainerSliceWithShortArraysIsAnError) {
+  auto trainer = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  auto inference = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  json config = Load("tiny_config.json");
+  auto mapping = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &config);
+  ASSERT_TRUE(trainer.ok() && inference.ok() && mapping.ok());
+  auto table = Plan(*trainer, *inference, *mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  auto slice = ExtractTrainerRankPlan(*table, *trainer, *inference, 0);
+  ASSERT_TRUE(slice.ok()) << slice.status().message();
+  const json good = ToJson(*slice);
+  ASSERT_TRUE(ParseTrainerRankPlan(good).ok());
+  const std::string name = good["groups"][0]["sources"][0]["name"];
+  json bad = good;
+  bad["groups"][0]["sources"][0]["block"] = json::array();
+  auto r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: source '" + name + "': 'block' must be [rows, cols]");
+  bad = good;
+  for (json& s : bad["groups"][0]["sources"])
+    for (json& w : s["writes"]) w = json::array({w[0], w[1]});
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("a write must be [dst_rank, kind, dtype"), std::string::npos)
+      << r.status().message();
+  bad = good;
+  bad["groups"][0]["sources"][0]["dtype"] = "bf61";
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: unknown dtype \"bf61\"");
+}
+
+// Found by fuzz/plan_slice_fuzz.cc (UBSan): get<uint64_t>() of 4.4e44
+// (a float) is undefined; 1.5 became 1 and an unknown dtype bf16, silently.
+TEST(SpecIoTest, SliceNumbersMustBeIntegersAndDtypesKnown) {
+  json slice = {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", 1},
+                {"writes", {{"w", 0, 512, "a"}, {"w", 512, 4.4e44, "b"}}}, {"bytes", 512}};
+  auto r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: 'write bytes' must be an integer in range, got 4.4e+44");
+  slice["writes"] = {{"w", 0}};
+  r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: a write must be [region, offset, bytes, tensor], got [\"w\",0]");
+  slice["writes"] = {{"w", 0, 512, "a"}};
+  slice["rank"] = 1.5;
+  r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: 'rank' must be an integer in range, got 1.5");
+  slice["rank"] = int64_t{1} << 40;
+  EXPECT_FALSE(ParseInferenceRankPlan(slice).ok());
+  slice["rank"] = 1;
+  EXPECT_TRUE(ParseInferenceRankPlan(slice).ok());
+}
+
 }  // namespace wsync

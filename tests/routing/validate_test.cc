@@ -160,5 +160,28 @@ TEST_F(ValidateTest, TpSplitMustAgreeWithinAnInstance) {
   ExpectInferenceError({"rank 1: tensor 'lm_head.weight'", "tp {dim 0, size 4} but rank 0 of instance 0 has tp {dim 0, size 2}"});
 }
 
+// Found by fuzz/trainer_spec_fuzz.cc (UBSan): the mesh size was multiplied
+// before it was bounded, so [2^32, 2^32] overflowed int64.
+TEST_F(ValidateTest, HugeMeshIsRefusedBeforeItsSizeOverflows) {
+  MeshCoord& m = trainer_.ranks[0].meshes[0];
+  m.shape = {int64_t{1} << 32, int64_t{1} << 32};
+  m.dim_names = {"a", "b"};
+  m.coord = {0, 0};
+  ExpectTrainerError({"rank 0", "too large (over 2^24 ranks)"});
+}
+
+// Found by fuzz/inference_spec_fuzz.cc: a byte size that wrapped around
+// passed the region bounds check, and the fp8 block grid overflowed (UBSan).
+TEST_F(ValidateTest, TensorsTooLargeToCountAreRefused) {
+  Tensor(0, kEmbed).shape = {int64_t{1} << 32, int64_t{1} << 32, 4};
+  ExpectInferenceError({"rank 0", kEmbed, "is too large (over 2^63 bytes)"});
+  SetUp();
+  Tensor(0, kDown).shape = {INT64_MAX, 0};
+  ExpectInferenceError({"rank 0", kDown, "expected block grid [72057594037927936, 0]"});
+  SetUp();
+  Param(0, kQ).global_shape = {int64_t{1} << 62, 4};
+  ExpectTrainerError({"rank 0", kQ, "is too large (over 2^63 bytes)"});
+}
+
 }  // namespace
 }  // namespace wsync

@@ -1,0 +1,128 @@
+#include "controller/http_handlers.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+
+#include "routing/json_reader.h"
+
+namespace wsync::controller {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kMaxWaitMs = 60000;
+
+StatusOr<json> ParseBody(const std::string& path, const std::string& text) {
+  StatusOr<json> j = ParseJsonText(text, path + ": request body");
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) return InvalidArgument(path + ": request body is not a JSON object");
+  return j;
+}
+
+// Ranks are int32 everywhere; a larger number must not wrap onto a real rank.
+StatusOr<int32_t> RankField(const json& body, const std::string& where) {
+  if (!body.contains("rank") || !body["rank"].is_number_integer())
+    return InvalidArgument(where + ": body needs an integer 'rank'");
+  const json& rank = body["rank"];
+  if (rank.is_number_unsigned() ? rank.get<uint64_t>() > INT32_MAX
+                                : rank.get<int64_t>() < INT32_MIN || rank.get<int64_t>() > INT32_MAX)
+    return InvalidArgument(where + ": 'rank' " + rank.dump() + " is not a rank");
+  return rank.get<int32_t>();
+}
+
+// An optional string member; json::value() would throw on another type.
+StatusOr<std::string> StringField(const json& body, const char* key, const std::string& fallback,
+                                  const std::string& where) {
+  if (!body.contains(key)) return fallback;
+  if (!body[key].is_string()) return InvalidArgument(where + ": '" + key + "' must be a string");
+  return body[key].get<std::string>();
+}
+
+}  // namespace
+
+// Messages quote what the client sent (paths, keys, version text), which
+// need not be UTF-8; dump() throws on such bytes, so they are replaced.
+std::string ReplyText(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::chrono::milliseconds WaitParam(const std::optional<std::string>& wait_ms, int64_t fallback) {
+  int64_t ms = fallback;
+  if (wait_ms) ms = std::strtoll(wait_ms->c_str(), nullptr, 10);
+  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxWaitMs));
+}
+
+StatusOr<uint64_t> ParseVersion(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    return InvalidArgument("version '" + s + "' is not an unsigned 64-bit integer");
+  return static_cast<uint64_t>(v);
+}
+
+StatusOr<json> HandleRegister(Controller& c, Role role, const std::string& path, const std::string& text) {
+  WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
+  return role == Role::kTrainer ? c.RegisterTrainer(body) : c.RegisterInference(body);
+}
+
+StatusOr<json> HandlePlan(Controller& c, const std::string& role_text, const std::string& rank_text,
+                          std::chrono::milliseconds wait) {
+  std::optional<Role> role = ParseRole(role_text);
+  char* end = nullptr;
+  errno = 0;
+  const long rank = std::strtol(rank_text.c_str(), &end, 10);
+  if (!role || rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
+    return InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R");
+  return c.PlanSlice(*role, static_cast<int32_t>(rank), wait);
+}
+
+StatusOr<json> HandleHeartbeat(Controller& c, const std::string& path, const std::string& text) {
+  WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
+  WSYNC_ASSIGN_OR_RETURN(std::string role_text, StringField(body, "role", "", "heartbeat"));
+  std::optional<Role> role = ParseRole(role_text);
+  StatusOr<int32_t> rank = RankField(body, path);
+  if (!role) return InvalidArgument("heartbeat: 'role' must be trainer or inference");
+  if (!rank.ok()) return rank.status();
+  return c.Heartbeat(*role, *rank);
+}
+
+StatusOr<json> HandleKvAdd(Controller& c, const std::string& key, const std::string& path,
+                           const std::string& text) {
+  WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
+  const json delta = body.value("delta", json());
+  if (!delta.is_number_integer() || (delta.is_number_unsigned() && delta.get<uint64_t>() > INT64_MAX))
+    return InvalidArgument("kv add: body needs an integer 'delta' (64-bit signed)");
+  WSYNC_ASSIGN_OR_RETURN(int64_t value, c.KvAdd(key, body["delta"].get<int64_t>()));
+  return json{{"value", value}};
+}
+
+StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, const std::string& action,
+                                   const std::string& path, const std::string& text) {
+  WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
+  WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
+  WSYNC_ASSIGN_OR_RETURN(int32_t rank, RankField(body, path));
+  const std::string error = body.value("error", json("")).is_string()
+                                ? body.value("error", std::string()) : body.value("error", json()).dump();
+  if (action == "start") return c.StartVersion(v, rank);
+  if (action == "fail") {
+    WSYNC_ASSIGN_OR_RETURN(std::string role_text, StringField(body, "role", "trainer", "fail"));
+    std::optional<Role> role = ParseRole(role_text);
+    if (!role) return InvalidArgument("fail: 'role' must be trainer or inference");
+    return c.ReportFailure(v, *role, rank, error);
+  }
+  if (action != "trainer_done" && action != "inference_done")
+    return NotFound(path + ": no such version action '" + action + "'");
+  const Role role = action == "trainer_done" ? Role::kTrainer : Role::kInference;
+  const json ok = body.value("ok", json(true));
+  if (!ok.is_boolean()) return InvalidArgument(action + ": 'ok' must be true or false");
+  return c.ReportDone(v, role, rank, ok.get<bool>(), error, body.value("stats", json()));
+}
+
+StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait) {
+  WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
+  return c.GetVersion(v, wait);
+}
+
+}  // namespace wsync::controller
