@@ -220,11 +220,11 @@ TEST(SpecIoTest, SliceNumbersMustBeIntegersAndDtypesKnown) {
   auto r = ParseInferenceRankPlan(slice);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "rank plan: 'write bytes' must be an integer in range, got 4.4e+44");
-  slice["writes"] = {{"w", 0}};
+  slice["writes"] = json::array({json::array({"w", 0})});
   r = ParseInferenceRankPlan(slice);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "rank plan: a write must be [region, offset, bytes, tensor], got [\"w\",0]");
-  slice["writes"] = {{"w", 0, 512, "a"}};
+  slice["writes"] = json::array({json::array({"w", 0, 512, "a"})});
   slice["rank"] = 1.5;
   r = ParseInferenceRankPlan(slice);
   ASSERT_FALSE(r.ok());
