@@ -90,7 +90,10 @@ class TorchCudaDevice : public DeviceOps {
       for (int64_t s : {nr, kBlock, nc, kBlock}) blocked.push_back(s);
       at::Tensor blocks = padded.reshape(blocked);
       at::Tensor amax = blocks.abs().amax({-3, -1});
-      at::Tensor scale = at::where(amax == 0, at::ones_like(amax), amax / kFp8Max);
+      // Divide by a tensor, never by a scalar: ATen's CUDA division by a
+      // scalar multiplies by its reciprocal, which rounds differently from
+      // the IEEE division the format (and the CPU reference) uses.
+      at::Tensor scale = at::where(amax == 0, at::ones_like(amax), amax / at::full_like(amax, kFp8Max));
       std::vector<int64_t> grid = lead;
       grid.push_back(nr);
       grid.push_back(nc);
