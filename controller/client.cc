@@ -178,6 +178,7 @@ StatusOr<TrainerPlanSlice> ControllerClient::FetchTrainerPlan(int32_t rank, Cloc
   WSYNC_ASSIGN_OR_RETURN(json j, FetchPlan(Role::kTrainer, rank, deadline));
   TrainerPlanSlice slice;
   slice.plan_id = j.value("plan_id", "");
+  if (j.contains("epoch") && j["epoch"].is_number_unsigned()) slice.epoch = j["epoch"].get<uint64_t>();
   WSYNC_ASSIGN_OR_RETURN(slice.plan, ParseTrainerRankPlan(j.value("plan", json())));
   slice.raw = std::move(j);
   return slice;
@@ -239,8 +240,10 @@ StatusOr<VersionStatus> ControllerClient::VersionCall(uint64_t version, const st
   return ParseVersionStatus(j);
 }
 
-StatusOr<VersionStatus> ControllerClient::StartVersion(uint64_t version, int32_t trainer_rank) {
-  return VersionCall(version, "start", {{"rank", trainer_rank}});
+StatusOr<VersionStatus> ControllerClient::StartVersion(uint64_t version, int32_t trainer_rank, uint64_t epoch) {
+  json body = {{"rank", trainer_rank}};
+  if (epoch != 0) body["epoch"] = epoch;
+  return VersionCall(version, "start", body);
 }
 
 StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, int32_t rank, const Status& result,

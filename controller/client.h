@@ -61,6 +61,7 @@ struct VersionStatus {
 
 struct TrainerPlanSlice {
   std::string plan_id;
+  uint64_t epoch = 0;  // registration epoch of its descriptors (0: a controller before epochs)
   TrainerRankPlan plan;
   nlohmann::json raw;
 };
@@ -105,7 +106,9 @@ class ControllerClient {
   StatusOr<int64_t> KvAdd(const std::string& key, int64_t delta);
 
   // Versions.
-  StatusOr<VersionStatus> StartVersion(uint64_t version, int32_t trainer_rank);
+  // `epoch`: the trainer's plan slice's (TrainerPlanSlice::epoch); a stale
+  // one is refused (FailedPrecondition starting with kStaleEpochPrefix).
+  StatusOr<VersionStatus> StartVersion(uint64_t version, int32_t trainer_rank, uint64_t epoch = 0);
   // `result` OK: reads done and writes posted; else the version fails with
   // its message.
   // `stats`: the executor's report (stage seconds, bytes, peak temporary memory).

@@ -15,6 +15,19 @@ using nlohmann::json;
 
 namespace {
 
+// An inference spec (wsync.inference/v1) with every region descriptor
+// blanked: two registrations of the same layout in different memory.
+json WithoutDescriptors(json spec) {
+  if (!spec.is_object() || !spec.contains("ranks") || !spec["ranks"].is_array()) return spec;
+  for (json& r : spec["ranks"]) {
+    if (!r.is_object() || !r.contains("regions") || !r["regions"].is_array()) continue;
+    for (json& region : r["regions"])
+      if (region.is_object() && region.contains("descriptor")) region["descriptor"] = "";
+  }
+  return spec;
+}
+
+
 constexpr size_t kMaxErrors = 50;
 
 double UnixNow() {
@@ -118,11 +131,13 @@ Status Controller::LoadStateLocked() {
                               ", not the persisted " + world->plan_id +
                               " (the planner changed?); use a fresh --state-dir and restart every agent");
   InstallPlanLocked(plan);
+  epoch_ = world->epoch;
   WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
   if (v.has_complete) versions_.RestoreLatestComplete(v.latest_complete, v.update_seconds, v.finished_unix);
   Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(plan_->table.ops.size()) +
       " writes per update); latest complete version: " +
-      (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")));
+      (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")) + "; epoch " +
+      std::to_string(epoch_));
   return Status::Ok();
 }
 
@@ -231,6 +246,11 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
     if (!spec.ok()) return InvalidArgument(spec.status().message());
     normalized = ToJson(*spec);
   }
+  if (!trainer && normalized != planned_json && WithoutDescriptors(normalized) == WithoutDescriptors(planned_json)) {
+    StatusOr<InferenceSpec> spec = ParseInferenceSpec(normalized, source);
+    if (!spec.ok()) return InvalidArgument(spec.status().message());
+    return NewEpochLocked(rank, std::move(spec).value(), std::move(normalized));
+  }
   if (normalized != planned_json)
     return FailedPrecondition(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
                               ": metadata differs from the plan this controller serves (plan " +
@@ -239,6 +259,25 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
                               "--state-dir and every agent to plan again");
   Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
   return RegisterReplyLocked(role, rank);
+}
+
+StatusOr<json> Controller::NewEpochLocked(int32_t rank, InferenceSpec inference, json inference_json) {
+  auto plan = std::make_shared<PlanState>(*plan_);  // the routing is unchanged: only descriptors moved
+  plan->inference = std::move(inference);
+  plan->inference_json = std::move(inference_json);
+  const uint64_t epoch = epoch_ + 1;
+  PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
+                           ToJson(options_.mapping), plan->plan_id, epoch};
+  // Persist first: a restarted controller must serve the new descriptors.
+  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, PlanToJson(plan->table).dump()));
+  epoch_ = epoch;
+  InstallPlanLocked(std::move(plan));
+  const std::string why = "inference rank " + std::to_string(rank) + " registered again with new memory (epoch " +
+                          std::to_string(epoch) + ")";
+  const int failed = FailVersionsOfLostLocked(Role::kInference, rank, why, Clock::now());
+  Log(why + "; trainers re-import its descriptors at their next version" +
+      (failed > 0 ? "; " + std::to_string(failed) + " running version(s) failed" : std::string()));
+  return RegisterReplyLocked(Role::kInference, rank);
 }
 
 StatusOr<json> Controller::RegisterTrainer(const json& body) {
@@ -382,11 +421,13 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
   if (auto it = cache.find(rank); it != cache.end()) return json::parse(it->second);
   // Extract without the lock: the plan is immutable and shared.
   const std::shared_ptr<const PlanState> plan = plan_;
+  const uint64_t epoch = epoch_;  // changes only with plan_
   lock.unlock();
   json slice = {{"schema", "wsync.plan_slice/v1"},
                 {"role", RoleName(role)},
                 {"rank", rank},
-                {"plan_id", plan->plan_id}};
+                {"plan_id", plan->plan_id},
+                {"epoch", epoch}};
   if (role == Role::kTrainer) {
     StatusOr<TrainerRankPlan> rank_plan = ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank);
     if (!rank_plan.ok())
@@ -478,12 +519,19 @@ void Controller::SaveVersionsLocked() {
   if (!s.ok()) Log("cannot persist versions: " + s.message());
 }
 
-StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank) {
+StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   TickLocked(now);
   WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kTrainer, rank));
   SeenLocked(Role::kTrainer, rank, now);
+  // A trainer holding descriptors of memory that is gone must not write:
+  // it fetches its slice again first.
+  if (epoch != 0 && epoch != epoch_)
+    return FailedPrecondition(std::string(kStaleEpochPrefix) + " " + std::to_string(epoch) + ": trainer rank " +
+                              std::to_string(rank) + " holds the plan slice of epoch " + std::to_string(epoch) +
+                              ", the controller serves epoch " + std::to_string(epoch_) +
+                              " (an inference rank registered again); fetch the plan slice again");
   const bool known = versions_.Find(v) != nullptr;
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
   if (!known) {

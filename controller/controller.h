@@ -82,7 +82,11 @@ class Controller {
   StatusOr<int64_t> KvAdd(const std::string& key, int64_t delta);
 
   // Versions; each returns the version object of docs/CONTROL_PLANE.md.
-  StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank);
+  // `epoch` is the registration epoch of the trainer's plan slice (0: not
+  // checked, for callers that predate epochs); an older one than the
+  // controller's is refused with a FailedPrecondition whose message starts
+  // with kStaleEpochPrefix: the trainer must fetch its slice again.
+  StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank, uint64_t epoch = 0);
   // `stats` (trainer only): the executor's report, shown in the version object.
   StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,
                                       const std::string& error, const nlohmann::json& stats = nullptr);
@@ -179,8 +183,16 @@ class Controller {
                                                        std::string* plan_text) const;
   void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
 
+  // An inference rank registering again after the plan with the same
+  // layout and new memory: swaps its descriptors into the plan, bumps the
+  // epoch, fails the versions still running (their writes aim at memory
+  // that is gone), persists.
+  StatusOr<nlohmann::json> NewEpochLocked(int32_t rank, InferenceSpec inference, nlohmann::json inference_json)
+      WSYNC_REQUIRES(mu_);
+
   // Set once (by the last registration or from the state dir).
   bool planned_ WSYNC_GUARDED_BY(mu_) = false;
+  uint64_t epoch_ WSYNC_GUARDED_BY(mu_) = 1;
   std::shared_ptr<const PlanState> plan_ WSYNC_GUARDED_BY(mu_);
   // Slices are built on first request and kept: every agent asks once, and
   // after a restart again.

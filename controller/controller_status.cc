@@ -58,7 +58,8 @@ json Controller::StatusJson() {
             {"ops", plan_->table.ops.size()},
             {"wire_bytes", plan_->summary.wire_bytes},
             {"dest_bytes", plan_->summary.dest_bytes},
-            {"predicted_seconds", plan_->summary.predicted_seconds}};
+            {"predicted_seconds", plan_->summary.predicted_seconds},
+            {"epoch", epoch_}};
   }
   json versions = json::array();
   for (const auto& [v, r] : versions_.records()) versions.push_back(r.ToJson(now));

@@ -105,7 +105,12 @@ StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, co
   WSYNC_ASSIGN_OR_RETURN(int32_t rank, RankField(body, path));
   const std::string error = body.value("error", json("")).is_string()
                                 ? body.value("error", std::string()) : body.value("error", json()).dump();
-  if (action == "start") return c.StartVersion(v, rank);
+  if (action == "start") {
+    const json epoch = body.value("epoch", json(0));
+    if (!epoch.is_number_unsigned() && !(epoch.is_number_integer() && epoch.get<int64_t>() == 0))
+      return InvalidArgument("start: 'epoch' must be a non-negative integer (the plan slice's)");
+    return c.StartVersion(v, rank, epoch.get<uint64_t>());
+  }
   if (action == "fail") {
     WSYNC_ASSIGN_OR_RETURN(std::string role_text, StringField(body, "role", "trainer", "fail"));
     std::optional<Role> role = ParseRole(role_text);

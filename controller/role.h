@@ -11,6 +11,11 @@ enum class Role { kTrainer, kInference };
 
 inline const char* RoleName(Role r) { return r == Role::kTrainer ? "trainer" : "inference"; }
 
+// How a refused version start begins when the trainer's plan slice is of an
+// older registration epoch than the controller's (an inference rank
+// re-registered with new memory): the trainer fetches its slice again.
+inline constexpr const char* kStaleEpochPrefix = "stale plan epoch";
+
 inline std::optional<Role> ParseRole(const std::string& s) {
   if (s == "trainer") return Role::kTrainer;
   if (s == "inference") return Role::kInference;

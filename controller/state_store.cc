@@ -74,6 +74,7 @@ Status StateStore::SaveWorld(const PersistedWorld& world, const std::string& pla
   json j = {{"schema", kStateSchema},
             {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
             {"plan_id", world.plan_id},
+            {"epoch", world.epoch},
             {"trainer", world.trainer},
             {"inference", world.inference},
             {"mapping", world.mapping}};
@@ -104,6 +105,11 @@ StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
   w.inference = s["inference"];
   w.mapping = s["mapping"];
   w.plan_id = s["plan_id"].get<std::string>();
+  if (s.contains("epoch")) {  // absent in state dirs written before epochs: 1
+    if (!s["epoch"].is_number_unsigned() || s["epoch"].get<uint64_t>() == 0)
+      return InvalidArgument(path + ": 'epoch' must be a positive integer; start with a fresh --state-dir");
+    w.epoch = s["epoch"].get<uint64_t>();
+  }
   return std::optional<PersistedWorld>(std::move(w));
 }
 

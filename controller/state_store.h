@@ -7,6 +7,8 @@
 //   world.json      wsync.controller_state/v1: world sizes, the assembled
 //                   trainer/inference/mapping specs and the plan_id. Its
 //                   presence is the commit point: no world.json, no plan.
+//                   world.json is rewritten, with the epoch, when an
+//                   inference rank re-registers with new memory.
 //   versions.json   latest complete version and its update time.
 // Used by Controller only, under its mutex.
 #pragma once
@@ -28,6 +30,9 @@ struct PersistedWorld {
   nlohmann::json inference;  // wsync.inference/v1
   nlohmann::json mapping;    // wsync.mapping/v1
   std::string plan_id;
+  // Registration epoch: 1 at planning, +1 each time an inference rank
+  // registers again with new memory (descriptors) after the plan exists.
+  uint64_t epoch = 1;
 };
 
 struct PersistedVersions {

@@ -99,9 +99,22 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
   std::unique_ptr<GroupFactory> groups = MakeGlooGroupFactory(store.get(), options.gloo);
   ExecutorOptions exec_options = options.executor;
   exec_options.rendezvous_prefix += "/" + slice->plan_id;
+  uint64_t epoch = slice->epoch;
   StatusOr<std::unique_ptr<PlanExecutor>> executor =
       PlanExecutor::Create(std::move(slice->plan), &engine, groups.get(), exec_options);
   if (!executor.ok()) return executor.status();
+  // After an inference rank registered again with new memory: the slice of
+  // the new epoch, and an executor that imports its descriptors.
+  auto replan = [&]() -> Status {
+    StatusOr<controller::TrainerPlanSlice> fresh = FetchPlan(client, rank.rank, options, stop);
+    if (!fresh.ok()) return fresh.status().WithContext(me + ": fetching the plan of the new epoch");
+    executor->reset();  // waits for its writes still in flight
+    executor = PlanExecutor::Create(std::move(fresh->plan), &engine, groups.get(), exec_options);
+    if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(fresh->epoch));
+    epoch = fresh->epoch;
+    Log(options, "re-imported the plan of epoch " + std::to_string(epoch));
+    return Status::Ok();
+  };
   Log(options, "ready: temporary memory " + std::to_string((*executor)->arena_bytes()) + " bytes (watermark " +
                    std::to_string(exec_options.watermark_bytes) + ", largest source needs " +
                    std::to_string((*executor)->max_source_need()) + ")");
@@ -114,7 +127,13 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     const uint64_t v = *published;
     last = v;
     Status why;
-    if (StartVersion(client, rank.rank, v, options.log, &why) == VersionDecision::kSkip) {
+    VersionDecision decision = StartVersion(client, rank.rank, v, epoch, options.log, &why);
+    for (int tries = 0; decision == VersionDecision::kReplan && tries < 3; ++tries) {
+      why = replan();
+      if (!why.ok()) return why;
+      decision = StartVersion(client, rank.rank, v, epoch, options.log, &why);
+    }
+    if (decision != VersionDecision::kRun) {
       (*view)->MarkFailed(v);
       if (options.on_version) options.on_version(v, why);
       continue;

@@ -9,10 +9,16 @@ void Log(const std::function<void(const std::string&)>& log, const std::string& 
 
 }  // namespace
 
-VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v,
+VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v, uint64_t epoch,
                              const std::function<void(const std::string&)>& log, Status* why) {
-  StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank);
+  StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank, epoch);
   if (started.ok()) return VersionDecision::kRun;
+  if (started.status().code() == StatusCode::kFailedPrecondition &&
+      started.status().message().find(controller::kStaleEpochPrefix) != std::string::npos) {
+    Log(log, "version " + std::to_string(v) + ": " + started.status().message());
+    if (why != nullptr) *why = started.status();
+    return VersionDecision::kReplan;
+  }
   if (started.status().code() == StatusCode::kFailedPrecondition) {
     StatusOr<controller::VersionStatus> state = client.GetVersion(v);
     if (state.ok() && state->complete()) return VersionDecision::kRun;

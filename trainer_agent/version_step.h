@@ -20,15 +20,18 @@
 
 namespace wsync::trainer_agent {
 
-enum class VersionDecision { kRun, kSkip };
+enum class VersionDecision { kRun, kSkip, kReplan };
 
 // Starts `v` at the controller. kSkip (with `why`) when the version already
 // failed there (e.g. this rank restarted mid-version: the peers have given it
 // up, so running it would only wait for a collective timeout). An already
 // complete version still runs: a rank with no writes can be late, and its
 // peers may wait in its barriers. An unreachable controller is logged and the
-// version runs anyway.
-VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v,
+// version runs anyway. kReplan when the controller serves a newer
+// registration epoch than `epoch` (an inference rank registered again with
+// new memory): fetch the plan slice again, rebuild the executor (it
+// imports the new descriptors) and start again.
+VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v, uint64_t epoch,
                              const std::function<void(const std::string&)>& log, Status* why);
 
 // The executor's report as the controller keeps it (`stats` of trainer_done).

@@ -124,7 +124,8 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
     return Internal(me + ": the controller answered with the plan of rank " + std::to_string(slice->plan.rank));
   }
   s->plan_id_ = slice->plan_id;
-  ExecutorOptions options;
+  s->epoch_ = slice->epoch;
+  ExecutorOptions& options = s->executor_options_;
   options.watermark_bytes = s->config_.watermark_bytes;
   options.rendezvous_prefix = s->config_.job + "/" + slice->plan_id;
   options.write_timeout = s->config_.timeout;
@@ -171,7 +172,13 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
   pipeline_ = std::thread([this, v, state, shards = std::move(shards)]() mutable {
     auto log = [this](const std::string& line) { LogLine(rank_, line); };
     Status why;
-    if (trainer_agent::StartVersion(client_, rank_, v, log, &why) == trainer_agent::VersionDecision::kSkip) {
+    auto decision = trainer_agent::StartVersion(client_, rank_, v, epoch_, log, &why);
+    for (int tries = 0; decision == trainer_agent::VersionDecision::kReplan && tries < 3; ++tries) {
+      why = Replan();
+      if (!why.ok()) break;
+      decision = trainer_agent::StartVersion(client_, rank_, v, epoch_, log, &why);
+    }
+    if (decision != trainer_agent::VersionDecision::kRun) {
       state->Finish(why);
       return;
     }
@@ -179,6 +186,20 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
     state->Finish(trainer_agent::RunAndReport(*executor_, client_, rank_, v, source, log));
   });
   return state;
+}
+
+Status TrainerSession::Replan() {
+  const std::string me = "trainer rank " + std::to_string(rank_);
+  StatusOr<controller::TrainerPlanSlice> slice = client_.FetchTrainerPlan(rank_, Clock::now() + config_.timeout);
+  if (!slice.ok()) return slice.status().WithContext(me + ": fetching the plan of the new epoch");
+  executor_.reset();  // waits for its writes still in flight
+  StatusOr<std::unique_ptr<PlanExecutor>> executor =
+      PlanExecutor::Create(std::move(slice->plan), engine_.get(), groups_.get(), executor_options_);
+  if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(slice->epoch));
+  executor_ = std::move(executor).value();
+  epoch_ = slice->epoch;
+  LogLine(rank_, "re-imported the plan of epoch " + std::to_string(epoch_));
+  return Status::Ok();
 }
 
 void TrainerSession::Close() {

@@ -111,6 +111,9 @@ class TrainerSession {
   TrainerSession(TrainerConfig config, controller::ControllerClient client, int32_t rank)
       : config_(std::move(config)), client_(std::move(client)), rank_(rank) {}
   void JoinPrevious();
+  // On the pipeline thread, when the controller serves a newer registration
+  // epoch: fetch the slice again and rebuild the executor (new descriptors).
+  Status Replan();
 
   // Members in creation order; teardown runs in reverse (the executor before
   // the groups and the engine it uses).
@@ -118,6 +121,8 @@ class TrainerSession {
   controller::ControllerClient client_;
   const int32_t rank_;
   std::string plan_id_;
+  uint64_t epoch_ = 0;                // registration epoch of the plan slice the executor runs
+  ExecutorOptions executor_options_;  // kept for Replan()
   std::unique_ptr<DeviceOps> device_;  // before engine_ and executor_: the arena is its memory
   std::unique_ptr<transport::Engine> engine_;
   std::unique_ptr<GroupFactory> groups_;

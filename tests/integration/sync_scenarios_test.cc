@@ -154,6 +154,36 @@ TEST(SyncScenarios, MismatchedMetadataIsOneClearErrorAndNothingIsWritten) {
   EXPECT_EQ(EngineVersion(*s, 1), inference::kNoVersion);
 }
 
+TEST(SyncScenarios, RestartedInferenceAgentRegistersAgainAndTheNextVersionCompletes) {
+  auto s = StartOrDie(Options("reregister"));
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+  StatusOr<nlohmann::json> before = s->client().GetStatus();
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ((*before)["plan"]["epoch"], 1);
+
+  // A new agent process over the same weight store: the same layout in a
+  // new registration (new endpoint, new keys), after the plan exists.
+  s->KillInferenceAgent(1, SIGKILL);
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  StatusOr<nlohmann::json> after = s->client().GetStatus();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["plan"]["epoch"], 2);
+  EXPECT_EQ((*after)["plan"]["plan_id"], (*before)["plan"]["plan_id"]);
+
+  // The trainer agents hold the old descriptors: their start of version 2
+  // is refused, they fetch the new slice, re-import and write into the new
+  // registration; every byte is checked.
+  ExpectCompleteAndVerified(*s, 2);
+  for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
+    std::ifstream in(s->TrainerLog(r));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("re-imported the plan of epoch 2"), std::string::npos) << s->TrainerLog(r) << ":\n" << log;
+  }
+  ExpectCompleteAndVerified(*s, 3);
+}
+
 TEST(SyncScenarios, ControllerRestartBetweenUpdatesServesTheSamePlan) {
   auto s = StartOrDie(Options("restart"));
   ASSERT_NE(s, nullptr);
