@@ -11,6 +11,7 @@ namespace wsync::cli {
 
 void AddPlanCommand(CLI::App& app);
 void AddDemoCommand(CLI::App& app);               // cli/demo_command.cc
+void AddChaosCommand(CLI::App& app);              // cli/chaos_command.cc
 void AddControllerCommand(CLI::App& app);          // cli/controller_command.cc
 void AddSecretCommand(CLI::App& app);              // cli/secret_command.cc
 void AddTrainerAgentCommand(CLI::App& app);        // cli/trainer_agent_command.cc

@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   CLI::App app{"wsync: RDMA weight synchronization for RL post-training"};
   app.require_subcommand(1);
   wsync::cli::AddDemoCommand(app);
+  wsync::cli::AddChaosCommand(app);
   wsync::cli::AddPlanCommand(app);
   wsync::cli::AddControllerCommand(app);
   wsync::cli::AddSecretCommand(app);

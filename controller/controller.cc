@@ -249,7 +249,7 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
   if (!trainer && normalized != planned_json && WithoutDescriptors(normalized) == WithoutDescriptors(planned_json)) {
     StatusOr<InferenceSpec> spec = ParseInferenceSpec(normalized, source);
     if (!spec.ok()) return InvalidArgument(spec.status().message());
-    return NewEpochLocked(rank, std::move(spec).value(), std::move(normalized));
+    return NewEpochLocked(Role::kInference, rank, std::make_pair(std::move(spec).value(), std::move(normalized)));
   }
   if (normalized != planned_json)
     return FailedPrecondition(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
@@ -257,27 +257,37 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
                               plan_->plan_id +
                               "); the plan is static: restart the controller with a fresh "
                               "--state-dir and every agent to plan again");
+  if (trainer) {
+    // A trainer agent that restarted: its peers' collective groups still
+    // hold pairs to its old process, so every trainer rebuilds them (a new
+    // executor at the new epoch) before the next version, together.
+    return NewEpochLocked(Role::kTrainer, rank, std::nullopt);
+  }
   Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
   return RegisterReplyLocked(role, rank);
 }
 
-StatusOr<json> Controller::NewEpochLocked(int32_t rank, InferenceSpec inference, json inference_json) {
-  auto plan = std::make_shared<PlanState>(*plan_);  // the routing is unchanged: only descriptors moved
-  plan->inference = std::move(inference);
-  plan->inference_json = std::move(inference_json);
+StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
+                                          std::optional<std::pair<InferenceSpec, json>> inference) {
+  auto plan = std::make_shared<PlanState>(*plan_);  // the routing is unchanged: at most descriptors moved
+  if (inference) {
+    plan->inference = std::move(inference->first);
+    plan->inference_json = std::move(inference->second);
+  }
   const uint64_t epoch = epoch_ + 1;
   PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
                            ToJson(options_.mapping), plan->plan_id, epoch};
-  // Persist first: a restarted controller must serve the new descriptors.
+  // Persist first: a restarted controller must serve what agents now hold.
   WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, PlanToJson(plan->table).dump()));
   epoch_ = epoch;
   InstallPlanLocked(std::move(plan));
-  const std::string why = "inference rank " + std::to_string(rank) + " registered again with new memory (epoch " +
-                          std::to_string(epoch) + ")";
-  const int failed = FailVersionsOfLostLocked(Role::kInference, rank, why, Clock::now());
-  Log(why + "; trainers re-import its descriptors at their next version" +
+  const std::string why = std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again" +
+                          (inference ? " with new memory" : "") + " (epoch " + std::to_string(epoch) + ")";
+  const int failed = FailVersionsOfLostLocked(role, rank, why, Clock::now());
+  Log(why + (inference ? "; trainers re-import its descriptors at their next version"
+                       : "; trainers rebuild their groups at their next version") +
       (failed > 0 ? "; " + std::to_string(failed) + " running version(s) failed" : std::string()));
-  return RegisterReplyLocked(Role::kInference, rank);
+  return RegisterReplyLocked(role, rank);
 }
 
 StatusOr<json> Controller::RegisterTrainer(const json& body) {

@@ -183,11 +183,13 @@ class Controller {
                                                        std::string* plan_text) const;
   void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
 
-  // An inference rank registering again after the plan with the same
-  // layout and new memory: swaps its descriptors into the plan, bumps the
-  // epoch, fails the versions still running (their writes aim at memory
-  // that is gone), persists.
-  StatusOr<nlohmann::json> NewEpochLocked(int32_t rank, InferenceSpec inference, nlohmann::json inference_json)
+  // A rank registering again after the plan (its agent restarted): an
+  // inference rank with the same layout in new memory (`inference`: its new
+  // spec and normalized json, swapped into the plan) or a trainer rank with
+  // the same metadata. Bumps and persists the epoch and fails the versions
+  // still running that the rank had not finished (its old process is gone).
+  StatusOr<nlohmann::json> NewEpochLocked(Role role, int32_t rank,
+                                          std::optional<std::pair<InferenceSpec, nlohmann::json>> inference)
       WSYNC_REQUIRES(mu_);
 
   // Set once (by the last registration or from the state dir).

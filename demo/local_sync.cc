@@ -277,11 +277,12 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
   return report;
 }
 
-Status LocalSync::Verify(uint64_t version, UpdateReport* report) const {
+Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_rank) const {
   const Reference reference(specs_.trainer, specs_.mapping);
   std::atomic<uint64_t> tensors{0}, bytes{0};
   Status s = ParallelFor(specs_.inference.ranks.size(), 2, [&](size_t r) -> Status {
     const InferenceRank& rank = specs_.inference.ranks[r];
+    if (only_rank >= 0 && rank.rank != only_rank) return Status::Ok();
     WSYNC_ASSIGN_OR_RETURN(inference::EngineView view, inference::EngineView::Open(InferenceShmName(rank.rank)));
     if (view.complete_version() != version) {
       return FailedPrecondition("inference rank " + std::to_string(rank.rank) + " reports complete version " +

@@ -82,9 +82,9 @@ class LocalSync {
   // One version end to end: fill every shard export, publish, wait for the
   // controller to call the version complete or failed. Does not verify.
   StatusOr<UpdateReport> Update(uint64_t version);
-  // Checks every tensor of every inference rank bit for bit against the
-  // reference for `version`; fills the verified_* fields.
-  Status Verify(uint64_t version, UpdateReport* report) const;
+  // Checks every tensor of every inference rank (or only `only_rank`) bit
+  // for bit against the reference for `version`; fills the verified_* fields.
+  Status Verify(uint64_t version, UpdateReport* report, int32_t only_rank = -1) const;
 
   // Pieces, for the integration tests.
   Status FillShards(uint64_t version);
