@@ -134,6 +134,9 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
       decision = StartVersion(client, rank.rank, v, epoch, options.log, &why);
     }
     if (decision != VersionDecision::kRun) {
+      // Every peer that ran `v` failed a collective with this rank and
+      // rebuilds its groups under the next version: this rank must too.
+      (*executor)->ResetGroups();
       (*view)->MarkFailed(v);
       if (options.on_version) options.on_version(v, why);
       continue;

@@ -27,7 +27,13 @@ enum class VersionDecision { kRun, kSkip, kReplan };
 // up, so running it would only wait for a collective timeout). An already
 // complete version still runs: a rank with no writes can be late, and its
 // peers may wait in its barriers. An unreachable controller is logged and the
-// version runs anyway. kReplan when the controller serves a newer
+// version runs anyway. On kSkip the caller drops the executor's collective
+// groups (PlanExecutor::ResetGroups): every peer that ran `v` failed a
+// collective with this rank and rebuilds its groups under the next
+// version's generation; keeping its old ones, this rank would run the next
+// version on broken groups while its peers wait for it in the new ones
+// (seen under TSan: a rank slow to start version 2 found it already failed,
+// then failed version 3 for everyone). kReplan when the controller serves a newer
 // registration epoch than `epoch` (an inference rank registered again with
 // new memory): fetch the plan slice again, rebuild the executor (it
 // imports the new descriptors) and start again.

@@ -179,6 +179,8 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
       decision = trainer_agent::StartVersion(client_, rank_, v, epoch_, log, &why);
     }
     if (decision != trainer_agent::VersionDecision::kRun) {
+      // The peers that ran `v` rebuild their groups under the next version.
+      if (executor_ != nullptr) executor_->ResetGroups();
       state->Finish(why);
       return;
     }
