@@ -17,25 +17,85 @@ constexpr int kPasses = kBlock / kRowsPerPass;         // 8
 
 __device__ __forceinline__ float Bf16(uint32_t bits) { return __uint_as_float(bits << 16); }
 
-__device__ __forceinline__ float BlockMax(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// The block's largest |x| as bf16 bits: for non-negative floats the integer
+// order is the float order, so two halves at a time cost one integer max,
+// and a NaN or infinity (exponent all ones, 0x7F80 and up) stays visible.
+constexpr uint32_t kBf16AbsMask2 = 0x7FFF7FFFu;
+constexpr uint32_t kBf16Inf = 0x7F80u;
+
+__device__ __forceinline__ uint32_t WarpMax(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+#endif
+}
+
+__device__ __forceinline__ uint32_t BlockMaxBits(uint32_t pair_max, uint32_t* shared) {
+  uint32_t v = WarpMax(max(pair_max & 0xFFFFu, pair_max >> 16));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  v = lane < kThreads / 32 ? shared[lane] : 0.0f;
-  for (int o = 4; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return __shfl_sync(0xffffffffu, v, 0);  // lanes 8..31 reduced only zeros
+  return WarpMax(lane < kThreads / 32 ? shared[lane] : 0u);
 }
 
-__device__ __forceinline__ uint8_t E4M3(float v, float s) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
+// The block's scale (1 for an all-zero block), its code in `scale_inv`, and
+// the non-finite flag: such a block is quantized to garbage and the caller
+// must not send it.
+__device__ __forceinline__ float BlockScale(uint32_t amax_bits, float* scale_out, int* nonfinite) {
+  if (amax_bits >= kBf16Inf && nonfinite != nullptr && threadIdx.x == 0) atomicOr(nonfinite, 1);
+  const float a = Bf16(amax_bits);
+  const float s = a == 0.0f ? 1.0f : __fdiv_rn(a, 448.0f);
+  if (threadIdx.x == 0) *scale_out = s;
+  return s;
+}
+
+// v / s rounded to nearest, as IEEE division. One division per element
+// makes the kernel compute bound (about 0.78 of a copy on an H200), so where
+// the block's scale allows it the reciprocal is taken once per block and each
+// quotient is q0 = v * (1/s) with one FMA correction, which is the correctly
+// rounded quotient whenever the remainder v - q0 * s is exact (checked for
+// every bf16 significand against every fp32 significand of s: identical).
+// The remainder stays a normal number, hence exact, for s in [2^-88, 2^100]
+// and any quotient that fp8 can tell from zero; outside that range (a block
+// of near-zero or near-overflow values) the block divides.
+struct Divider {
+  float s, r;
+  bool hoisted;
+  __device__ __forceinline__ float operator()(float v) const {
+#ifdef WSYNC_FP8_DIVIDE_EACH  // the bench's baseline: one division per element
+    return __fdiv_rn(v, s);
+#else
+    if (!hoisted) return __fdiv_rn(v, s);
+    const float q0 = __fmul_rn(v, r);
+    const float q1 = __fmaf_rn(__fmaf_rn(-s, q0, v), r, q0);
+    return copysignf(q1, v);  // -0 / s is -0; the correction would make it +0
+#endif
+  }
+};
+
+__device__ __forceinline__ Divider MakeDivider(float s) { return {s, __frcp_rn(s), s >= 0x1p-88f && s <= 0x1p100f}; }
+
+__device__ __forceinline__ uint8_t E4M3(float q) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Two codes from one conversion instruction: lo in the low byte.
+__device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
+#ifdef WSYNC_FP8_SCALAR_CVT
+  return E4M3(lo) | (uint32_t(E4M3(hi)) << 8);
+#else
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+#endif
 }
 
 // One thread block per 128x128 tile; blockIdx.z is the matrix (expert).
 // Vector path: cols % 8 == 0 (16-byte rows), any rows; tiles may be partial.
 __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restrict__ x, int64_t rows, int64_t cols,
-                                                        uint8_t* __restrict__ q, float* __restrict__ scale_inv) {
-  __shared__ float warp_max[kThreads / 32];
+                                                        uint8_t* __restrict__ q, float* __restrict__ scale_inv,
+                                                        int* nonfinite) {
+  __shared__ uint32_t warp_max[kThreads / 32];
   const int64_t grid_rows = gridDim.y, grid_cols = gridDim.x;
   const int64_t m = blockIdx.z;
   const uint16_t* xm = x + m * rows * cols;
@@ -45,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restri
   const int row_in_pass = threadIdx.x / kLanesPerRow;
   const bool col_ok = c < cols;  // cols % 8 == 0: a vector is all in or all out
   uint4 v[kPasses];
-  float amax = 0.0f;
+  uint32_t amax2 = 0;  // two halves
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = r0 + p * kRowsPerPass + row_in_pass;
@@ -54,16 +114,12 @@ __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restri
     } else {
       v[p] = make_uint4(0, 0, 0, 0);
     }
-    const uint32_t w[4] = {v[p].x, v[p].y, v[p].z, v[p].w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      amax = fmaxf(amax, fabsf(Bf16(w[k] & 0xFFFFu)));
-      amax = fmaxf(amax, fabsf(Bf16(w[k] >> 16)));
-    }
+    amax2 = __vmaxu2(amax2, __vmaxu2(__vmaxu2(v[p].x & kBf16AbsMask2, v[p].y & kBf16AbsMask2),
+                                     __vmaxu2(v[p].z & kBf16AbsMask2, v[p].w & kBf16AbsMask2)));
   }
-  const float a = BlockMax(amax, warp_max);
-  const float s = a == 0.0f ? 1.0f : __fdiv_rn(a, 448.0f);
-  if (threadIdx.x == 0) scale_inv[(m * grid_rows + blockIdx.y) * grid_cols + blockIdx.x] = s;
+  const float s = BlockScale(BlockMaxBits(amax2, warp_max), &scale_inv[(m * grid_rows + blockIdx.y) * grid_cols + blockIdx.x],
+                             nonfinite);
+  const Divider div = MakeDivider(s);
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = r0 + p * kRowsPerPass + row_in_pass;
@@ -72,8 +128,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restri
     uint32_t out[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint32_t lo = E4M3(Bf16(w[k] & 0xFFFFu), s), hi = E4M3(Bf16(w[k] >> 16), s);
-      out[k / 2] |= (lo | (hi << 8)) << (16 * (k % 2));
+      out[k / 2] |= E4M3x2(div(Bf16(w[k] & 0xFFFFu)), div(Bf16(w[k] >> 16))) << (16 * (k % 2));
     }
     *reinterpret_cast<uint2*>(qm + r * cols + c) = make_uint2(out[0], out[1]);
   }
@@ -81,39 +136,40 @@ __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restri
 
 // Any shape: one element at a time (columns not a multiple of 8).
 __global__ void __launch_bounds__(kThreads) QuantizeScalar(const uint16_t* __restrict__ x, int64_t rows, int64_t cols,
-                                                           uint8_t* __restrict__ q, float* __restrict__ scale_inv) {
-  __shared__ float warp_max[kThreads / 32];
+                                                           uint8_t* __restrict__ q, float* __restrict__ scale_inv,
+                                                           int* nonfinite) {
+  __shared__ uint32_t warp_max[kThreads / 32];
   const int64_t m = blockIdx.z;
   const uint16_t* xm = x + m * rows * cols;
   uint8_t* qm = q + m * rows * cols;
   const int64_t r0 = int64_t(blockIdx.y) * kBlock, c0 = int64_t(blockIdx.x) * kBlock;
-  float amax = 0.0f;
+  uint32_t amax = 0;
   for (int i = threadIdx.x; i < kBlock * kBlock; i += kThreads) {
     const int64_t r = r0 + i / kBlock, c = c0 + i % kBlock;
-    if (r < rows && c < cols) amax = fmaxf(amax, fabsf(Bf16(xm[r * cols + c])));
+    if (r < rows && c < cols) amax = max(amax, uint32_t(xm[r * cols + c] & 0x7FFFu));
   }
-  const float a = BlockMax(amax, warp_max);
-  const float s = a == 0.0f ? 1.0f : __fdiv_rn(a, 448.0f);
-  if (threadIdx.x == 0) scale_inv[(m * gridDim.y + blockIdx.y) * int64_t(gridDim.x) + blockIdx.x] = s;
+  const float s = BlockScale(BlockMaxBits(amax, warp_max),
+                             &scale_inv[(m * gridDim.y + blockIdx.y) * int64_t(gridDim.x) + blockIdx.x], nonfinite);
+  const Divider div = MakeDivider(s);
   for (int i = threadIdx.x; i < kBlock * kBlock; i += kThreads) {
     const int64_t r = r0 + i / kBlock, c = c0 + i % kBlock;
-    if (r < rows && c < cols) qm[r * cols + c] = E4M3(Bf16(xm[r * cols + c]), s);
+    if (r < rows && c < cols) qm[r * cols + c] = E4M3(div(Bf16(xm[r * cols + c])));
   }
 }
 
 }  // namespace
 
 cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
-                                  float* scale_inv, cudaStream_t stream) {
+                                  float* scale_inv, cudaStream_t stream, int* nonfinite) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
                   static_cast<unsigned>((rows + kBlock - 1) / kBlock), static_cast<unsigned>(batch));
   const bool aligned = cols % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(q) % 8 == 0;
   if (aligned) {
-    QuantizeVec<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv);
+    QuantizeVec<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv, nonfinite);
   } else {
-    QuantizeScalar<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv);
+    QuantizeScalar<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv, nonfinite);
   }
   return cudaGetLastError();
 }

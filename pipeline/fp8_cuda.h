@@ -4,8 +4,8 @@
 // scale_inv 1.0), checked on an H200 by tests/pipeline/gpu/fp8_bench.cu.
 //
 // Built into wsync_pipeline_cuda where the CUDA toolkit is found; nothing
-// else in the pipeline needs CUDA to build. Callers: the GPU executor (to
-// come, issue 8) and the GPU bench.
+// else in the pipeline needs CUDA to build. Callers: the torch extension's
+// CUDA device (python/src/torch_device.cc) and the GPU bench.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,9 @@ namespace wsync {
 // x: `batch` row-major bf16 matrices [rows, cols] back to back (experts);
 // q: the same shape in e4m3 codes; scale_inv: per matrix
 // [ceil(rows/128), ceil(cols/128)] fp32. Device pointers; runs on `stream`.
+// `nonfinite` (device memory, may be null) gets 1 or'ed in where a block
+// holds a NaN or an infinity: its codes are meaningless and must not be sent.
 cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
-                                  float* scale_inv, cudaStream_t stream);
+                                  float* scale_inv, cudaStream_t stream, int* nonfinite = nullptr);
 
 }  // namespace wsync

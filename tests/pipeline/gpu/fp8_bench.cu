@@ -42,10 +42,27 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   return out;
 }
 
+// Four 128x128 blocks of the values a division shortcut gets wrong first:
+// signed zeros among normal values; a block so small its scale is subnormal;
+// subnormal values beside large ones (quotients far below fp8's least); values
+// near the bf16 maximum (a scale beyond 2^100).
+std::vector<uint16_t> EdgeBf16(uint32_t seed) {
+  std::vector<uint16_t> x = RandomBf16(256 * 256, seed);
+  std::mt19937 rng(seed);
+  auto at = [&](int block, int i) -> uint16_t& { return x[((block / 2) * 128 + i / 128) * 256 + (block % 2) * 128 + i % 128]; };
+  for (int i = 0; i < 128 * 128; ++i) {
+    if (i % 3 == 0) at(0, i) = (i % 2) ? 0x8000 : 0x0000;                                    // -0, +0
+    at(1, i) = static_cast<uint16_t>((rng() & 0x8000) | (0x0080 + rng() % 0x0100));        // ~1e-38
+    if (i % 2 == 0) at(2, i) = static_cast<uint16_t>((rng() & 0x8000) | (1 + rng() % 0x7F));  // subnormal
+    at(3, i) = static_cast<uint16_t>((rng() & 0x8000) | (0x7E00 + rng() % 0x17F));         // up to 3.4e38
+  }
+  return x;
+}
+
 // One shape through the GPU and the CPU reference; returns mismatches.
-size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero_first_block) {
+size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero_first_block, bool edges = false) {
   const size_t per = static_cast<size_t>(rows * cols);
-  std::vector<uint16_t> x = RandomBf16(per * batch, seed);
+  std::vector<uint16_t> x = edges ? EdgeBf16(seed) : RandomBf16(per * batch, seed);
   if (zero_first_block) {
     for (int64_t r = 0; r < std::min<int64_t>(rows, 128); ++r)
       for (int64_t c = 0; c < std::min<int64_t>(cols, 128); ++c) x[r * cols + c] = 0;
@@ -59,13 +76,18 @@ size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero
   CUDA_OK(cudaMalloc(&ds, grid * batch * 4));
   CUDA_OK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dq, 0xAB, x.size()));
-  CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, batch, rows, cols, dq, ds, nullptr));
+  int* flag;
+  CUDA_OK(cudaMallocManaged(&flag, sizeof(int)));
+  *flag = 0;
+  CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, batch, rows, cols, dq, ds, nullptr, flag));
   CUDA_OK(cudaDeviceSynchronize());
+  size_t bad = *flag != 0;
+  if (bad) std::printf("  finite input flagged as non-finite\n");
+  CUDA_OK(cudaFree(flag));
   std::vector<uint8_t> q(x.size());
   std::vector<float> s(grid * batch);
   CUDA_OK(cudaMemcpy(q.data(), dq, q.size(), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
-  size_t bad = 0;
   for (int64_t m = 0; m < batch; ++m) {
     auto ref = wsync::QuantizeFp8Blocks({x.data() + m * per, rows, cols, cols});
     if (!ref.ok()) {
@@ -92,6 +114,73 @@ size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero
   CUDA_OK(cudaFree(dq));
   CUDA_OK(cudaFree(ds));
   return bad;
+}
+
+// The kernel's division shortcut (pipeline/fp8_cuda.cu: q0 = v * RN(1/s),
+// one FMA correction) against IEEE division, for every fp32 significand of s
+// and every bf16 significand of v, with v's exponent spanning quotients from
+// 2^-13 (below that fp8 holds only zero) to 2^10 (above 448). Exponent shifts
+// of both leave the rounding unchanged inside the kernel's range of s.
+__global__ void DivisionShortcutMismatches(unsigned long long* bad) {
+  const uint32_t sm = blockIdx.x * blockDim.x + threadIdx.x;
+  if (sm >= (1u << 23)) return;
+  const float s = __uint_as_float((127u << 23) | sm), r = __frcp_rn(s);
+  unsigned long long n = 0;
+  for (uint32_t vm = 0; vm < 128; ++vm) {
+    for (int e = -12; e <= 9; ++e) {
+      const float v = __uint_as_float((uint32_t(127 + e) << 23) | (vm << 16));
+      const float q0 = __fmul_rn(v, r);
+      const float q1 = __fmaf_rn(__fmaf_rn(-s, q0, v), r, q0);
+      n += __float_as_uint(q1) != __float_as_uint(__fdiv_rn(v, s));
+    }
+  }
+  if (n != 0) atomicAdd(bad, n);
+}
+
+// A NaN or an infinity anywhere must raise the non-finite flag.
+size_t CheckNonFinite() {
+  size_t bad = 0;
+  for (uint16_t poison : {uint16_t{0x7FC0}, uint16_t{0xFF80}}) {  // NaN, -inf
+    for (int64_t cols : {int64_t{256}, int64_t{250}}) {            // vector and scalar kernels
+      std::vector<uint16_t> x = RandomBf16(200 * cols, 9);
+      x[150 * cols + 131] = poison;
+      uint16_t* dx;
+      uint8_t* dq;
+      float* ds;
+      int* flag;
+      CUDA_OK(cudaMalloc(&dx, x.size() * 2));
+      CUDA_OK(cudaMalloc(&dq, x.size()));
+      CUDA_OK(cudaMalloc(&ds, 4 * 4));
+      CUDA_OK(cudaMallocManaged(&flag, sizeof(int)));
+      *flag = 0;
+      CUDA_OK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, 1, 200, cols, dq, ds, nullptr, flag));
+      CUDA_OK(cudaDeviceSynchronize());
+      if (*flag == 0) {
+        std::printf("  bf16 0x%04x in [200, %lld] not flagged\n", poison, static_cast<long long>(cols));
+        ++bad;
+      }
+      CUDA_OK(cudaFree(dx));
+      CUDA_OK(cudaFree(dq));
+      CUDA_OK(cudaFree(ds));
+      CUDA_OK(cudaFree(flag));
+    }
+  }
+  std::printf("non-finite input: %s\n", bad == 0 ? "flagged in every case" : "MISSED");
+  return bad;
+}
+
+unsigned long long CheckDivisionShortcut() {
+  unsigned long long* bad;
+  CUDA_OK(cudaMallocManaged(&bad, sizeof(*bad)));
+  *bad = 0;
+  DivisionShortcutMismatches<<<(1u << 23) / 256, 256>>>(bad);
+  CUDA_OK(cudaDeviceSynchronize());
+  const unsigned long long n = *bad;
+  std::printf("division shortcut: %llu of %llu quotients differ from IEEE division\n", n,
+              (1ull << 23) * 128 * 22);
+  CUDA_OK(cudaFree(bad));
+  return n;
 }
 
 template <typename Fn>
@@ -129,6 +218,9 @@ int main(int argc, char** argv) {
   bad += Check(3, 300, 264, 2, false);     // stacked experts, partial blocks
   bad += Check(2, 257, 130, 3, true);      // cols % 8 != 0: the scalar path
   bad += Check(1, 2048, 7168, 4, false);   // a real projection shape
+  bad += Check(1, 256, 256, 5, false, true);  // signed zeros, subnormals, huge values
+  bad += CheckDivisionShortcut();
+  bad += CheckNonFinite();
   if (bad != 0) {
     std::printf("FAIL: GPU quantize differs from the CPU reference\n");
     return 1;
