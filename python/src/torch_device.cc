@@ -5,9 +5,20 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <unordered_map>
+
+#ifdef WSYNC_FP8_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "pipeline/fp8.h"
+#include "pipeline/fp8_cuda.h"
+#endif
 
 namespace wsync::python {
 namespace {
@@ -78,6 +89,86 @@ class TorchCudaDevice : public DeviceOps {
   // reference computes it: scale = amax/448 (1 for an all-zero block),
   // q = x / scale in fp32, clamped to +-448, rounded to nearest even.
   Status QuantizeHeld(const uint16_t* data, const Box& held, uint8_t* q, float* scales) override {
+#ifdef WSYNC_FP8_CUDA
+    if (!kernel_agrees_.has_value()) kernel_agrees_ = KernelAgreesWithReference();
+    if (*kernel_agrees_) return KernelQuantize(data, held, q, scales);
+#endif
+    return AtenQuantize(data, held, q, scales);
+  }
+
+#ifdef WSYNC_FP8_CUDA
+  // pipeline/fp8_cuda.cu: one pass, no temporaries (the watermark bounds all
+  // the memory it touches). A NaN or an infinity raises a flag on the device
+  // that the next Synchronize reads, which the executor calls before posting
+  // any write of this source.
+  Status KernelQuantize(const uint16_t* data, const Box& held, uint8_t* q, float* scales) {
+    return Run("fp8 quantize", [&]() -> void* {
+      const int n = held.ndim;
+      int64_t batch = 1;
+      for (int d = 0; d + 2 < n; ++d) batch *= held.size[d];
+      if (!nonfinite_.defined()) nonfinite_ = at::zeros({1}, Options(at::kInt));
+      const cudaError_t e = QuantizeFp8BlocksCuda(data, batch, held.size[n - 2], held.size[n - 1], q, scales,
+                                                  c10::cuda::CUDAStream(stream_).stream(), nonfinite_.data_ptr<int>());
+      if (e != cudaSuccess) throw std::runtime_error(std::string("kernel launch: ") + cudaGetErrorString(e));
+      quantized_ = true;
+      return nullptr;
+    }).status();
+  }
+
+  // Once per device, before the kernel quantizes any weight: the kernel on
+  // this GPU against pipeline/fp8.h's CPU reference, byte for byte, on two
+  // stacked [200, 264] matrices (partial blocks) of values that test the
+  // rounding: signed zeros, a block of tiny values, huge ones, subnormals.
+  // Should they differ (a GPU or toolkit the kernel was never checked on),
+  // the slower ATen ops quantize instead, and the log says so once.
+  bool KernelAgreesWithReference() {
+    constexpr int64_t kRows = 200, kCols = 264, kBatch = 2, kPer = kRows * kCols;
+    std::vector<uint16_t> x(kBatch * kPer);
+    uint32_t state = 12345;
+    for (size_t i = 0; i < x.size(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      const uint16_t sign = (state >> 31) << 15;
+      const int64_t r = (i % kPer) / kCols, c = i % kCols;
+      uint16_t magnitude = static_cast<uint16_t>(0x3000 + (state >> 8) % 0x1400);  // 4e-10 .. 16
+      if (r < 128 && c < 128) magnitude = (i % 3 == 0) ? 0 : magnitude;                 // zeros, -0
+      if (r < 128 && c >= 128) magnitude = static_cast<uint16_t>(0x0080 + (state >> 8) % 0x100);  // ~1e-38
+      if (r >= 128 && c < 128 && i % 2 == 0) magnitude = static_cast<uint16_t>(1 + (state >> 8) % 0x7F);
+      if (r >= 128 && c >= 128 && i >= static_cast<size_t>(kPer)) {
+        magnitude = static_cast<uint16_t>(0x7E00 + (state >> 8) % 0x17F);  // up to the bf16 maximum
+      }
+      x[i] = sign | magnitude;
+    }
+    const int64_t grid = Fp8BlockCount(kRows) * Fp8BlockCount(kCols);
+    std::string why;
+    StatusOr<void*> r = Run("fp8 kernel check", [&]() -> void* {
+      at::Tensor dx = at::from_blob(x.data(), {kBatch * kPer}, at::TensorOptions().dtype(at::kShort)).to(device_);
+      at::Tensor dq = at::empty({kBatch * kPer}, Options(at::kByte));
+      at::Tensor ds = at::empty({kBatch * grid}, Options(at::kFloat));
+      const cudaError_t e = QuantizeFp8BlocksCuda(reinterpret_cast<const uint16_t*>(dx.data_ptr()), kBatch, kRows, kCols,
+                                                  dq.data_ptr<uint8_t>(), ds.data_ptr<float>(),
+                                                  c10::cuda::CUDAStream(stream_).stream(), nullptr);
+      if (e != cudaSuccess) throw std::runtime_error(std::string("kernel launch: ") + cudaGetErrorString(e));
+      at::Tensor q = dq.cpu(), sc = ds.cpu();
+      for (int64_t m = 0; m < kBatch && why.empty(); ++m) {
+        StatusOr<Fp8BlockTensor> want = QuantizeFp8Blocks({x.data() + m * kPer, kRows, kCols, kCols});
+        if (!want.ok()) throw std::runtime_error(want.status().ToString());
+        if (std::memcmp(q.data_ptr<uint8_t>() + m * kPer, want->q.data(), kPer) != 0) why = "fp8 codes differ";
+        if (std::memcmp(sc.data_ptr<float>() + m * grid, want->scale_inv.data(), grid * sizeof(float)) != 0) {
+          why = "scales differ";
+        }
+      }
+      return nullptr;
+    });
+    if (!r.ok()) why = r.status().message();
+    if (why.empty()) return true;
+    std::fprintf(stderr, "wsync %s: the fp8 quantize kernel disagrees with the CPU reference on this GPU (%s); "
+                 "quantizing with ATen ops instead (slower, and their temporaries are not bounded by the watermark)\n",
+                 name().c_str(), why.c_str());
+    return false;
+  }
+#endif
+
+  Status AtenQuantize(const uint16_t* data, const Box& held, uint8_t* q, float* scales) {
     StatusOr<void*> r = Run("fp8 quantize", [&]() -> void* {
       const int n = held.ndim;
       const int64_t rows = held.size[n - 2], cols = held.size[n - 1];
@@ -112,10 +203,17 @@ class TorchCudaDevice : public DeviceOps {
   }
 
   Status Synchronize() override {
-    return Run("synchronize", [&] {
+    StatusOr<void*> r = Run("synchronize", [&]() -> void* {
       stream_.synchronize();
-      return nullptr;
-    }).status();
+      if (!quantized_) return nullptr;
+      quantized_ = false;
+      if (nonfinite_.item<int>() == 0) return nullptr;
+      nonfinite_.zero_();
+      return reinterpret_cast<void*>(1);
+    });
+    if (!r.ok()) return r.status();
+    if (*r != nullptr) return InvalidArgument("fp8 quantize: NaN or infinite weight: not quantized (never sent)");
+    return Status::Ok();
   }
 
  private:
@@ -143,6 +241,9 @@ class TorchCudaDevice : public DeviceOps {
   c10::Stream stream_;
   std::mutex mu_;
   std::unordered_map<void*, at::Tensor> owned_;  // arena allocations, kept alive
+  at::Tensor nonfinite_;    // int32 on the device: set by a quantize that met NaN/Inf
+  bool quantized_ = false;  // a kernel quantize ran since the last Synchronize
+  std::optional<bool> kernel_agrees_;  // the fp8 kernel's check, once
 };
 
 }  // namespace
