@@ -162,6 +162,9 @@ struct Capabilities {
   // Register(kCuda) works: the engine was created for device memory and the
   // library's CUDA interface came up (built with CUDA, a driver present).
   bool cuda_memory = false;
+  // Why cuda_memory is false although the engine was asked for it; empty
+  // otherwise. One sentence, for the error that refuses device tensors.
+  std::string cuda_memory_note;
   // Write-with-immediate counted at the receiver: the completion signal
   // every version relies on. Engines without it refuse to start.
   bool remote_cq_data = true;

@@ -73,9 +73,8 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
   if (fabric.enable_hmem && !(*engine)->capabilities().cuda_memory) {
-    return FailedPrecondition(me + ": the tensors are in GPU memory, but " + (*engine)->capabilities().library +
-                              " cannot register CUDA memory (built without CUDA, or no driver); use a libfabric "
-                              "built with CUDA (e.g. the AWS EFA installer's) or host tensors");
+    return FailedPrecondition(me + ": the tensors are in GPU memory, but " + (*engine)->Describe() +
+                              "; use a libfabric built with CUDA (e.g. the AWS EFA installer's) or host tensors");
   }
 
   auto weights = std::make_unique<InProcessWeights>(std::move(regions));

@@ -107,7 +107,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   s->engine_ = std::move(engine).value();
   if (s->device_ != nullptr && !s->engine_->capabilities().cuda_memory) {
     return FailedPrecondition(me + ": the shards are on " + s->device_->name() + ", but " + s->engine_->Describe() +
-                              " cannot register CUDA memory; use a libfabric built with CUDA (FI_HMEM)");
+                              "; use a libfabric built with CUDA (FI_HMEM)");
   }
 
   StatusOr<nlohmann::json> reg = s->client_.RegisterTrainerJson(s->config_.registration);

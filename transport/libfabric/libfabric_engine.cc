@@ -17,7 +17,7 @@ class LibfabricEngine final : public Engine {
     WSYNC_ASSIGN_OR_RETURN(engine->group_, DomainGroup::Start(options, &engine->callbacks_));
     const uint32_t v = fi_version();
     engine->caps_.library = "libfabric " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
-    if (options.enable_hmem) engine->caps_.cuda_memory = engine->ProbeCuda();
+    if (options.enable_hmem) engine->ProbeCuda();
     return std::unique_ptr<Engine>(std::move(engine));
   }
 
@@ -31,7 +31,8 @@ class LibfabricEngine final : public Engine {
   const Capabilities& capabilities() const override { return caps_; }
   std::string Describe() const override {
     return caps_.library + " " + group_->provider() + ", " + std::to_string(num_nics()) + " NIC(s), worker " +
-           group_->pinned_where() + ", CUDA memory " + (caps_.cuda_memory ? "yes" : "no");
+           group_->pinned_where() + ", CUDA memory " +
+           (caps_.cuda_memory ? "yes" : caps_.cuda_memory_note.empty() ? "no" : "no: " + caps_.cuda_memory_note);
   }
   uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
   uint32_t ArrivalsPerPagedWrite(uint32_t pages) const override { return group_->ArrivalsPerPagedWrite(pages); }
@@ -158,15 +159,49 @@ class LibfabricEngine final : public Engine {
   // CUDA, or no driver). The probe buffer is host memory, so a CUDA-capable
   // build may refuse it otherwise (or take it): either way it can register
   // device memory.
-  bool ProbeCuda() {
+  //
+  // shm moves device memory by a copy in the target process. Before
+  // libfabric gained hmem_cuda_enable_async_copy (its main branch, mid 2026)
+  // that copy was a cudaMemcpy, which returns before a device-to-device copy
+  // has run: both sides' completions, the immediate included, then come
+  // before the bytes land (ofiwg/libfabric#11231), so the writer reuses its
+  // buffer under a copy still to run and the target reads stale bytes (seen
+  // on an H200: a tensor of the last source wrong). Such an shm is refused
+  // for CUDA memory, never used half right.
+  void ProbeCuda() {
     void* probe = std::aligned_alloc(4096, 4096);
-    if (probe == nullptr) return false;
+    if (probe == nullptr) return;
     auto region = std::make_unique<LibfabricMemoryRegion>(group_.get(), probe, 4096, MemoryKind::kCuda);
     region->device_ = 0;
     Status s = group_->RunOnWorker([&] { return region->RegisterOnWorker(); });
     region.reset();
     std::free(probe);
-    return s.ok() || s.message().find("without CUDA support") == std::string::npos;
+    if (!s.ok() && s.message().find("without CUDA support") != std::string::npos) {
+      caps_.cuda_memory_note = "built without CUDA support, or no CUDA driver";
+      return;
+    }
+    if (group_->provider() == "shm" && !ShmCopiesCudaAsynchronously()) {
+      caps_.cuda_memory_note =
+          "this libfabric's shm reports CUDA writes complete before their copy has run (ofiwg/libfabric#11231); "
+          "it needs the asynchronous CUDA IPC copy (parameter hmem_cuda_enable_async_copy, libfabric main since "
+          "2026-06) left on";
+      return;
+    }
+    caps_.cuda_memory = true;
+  }
+
+  // The library defines hmem_cuda_enable_async_copy and it is not turned off.
+  static bool ShmCopiesCudaAsynchronously() {
+    struct fi_param* params = nullptr;
+    int count = 0;
+    if (fi_getparams(&params, &count) != 0) return false;
+    bool defined = false;
+    for (int i = 0; i < count; ++i) defined = defined || std::string(params[i].name) == "hmem_cuda_enable_async_copy";
+    fi_freeparams(params);
+    const char* env = std::getenv("FI_HMEM_CUDA_ENABLE_ASYNC_COPY");
+    const bool off = env != nullptr && (std::string(env) == "0" || std::string(env) == "false" ||
+                                        std::string(env) == "no" || std::string(env) == "off");
+    return defined && !off;
   }
 
   LibfabricEngine() = default;

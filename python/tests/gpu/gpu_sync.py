@@ -60,6 +60,27 @@ def wait_file(path, timeout):
         time.sleep(0.05)
 
 
+def wait_any(paths, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in paths:
+            if os.path.exists(p):
+                return p
+        time.sleep(0.05)
+    raise TimeoutError(f"none of {paths} within {timeout} s")
+
+
+def describe_difference(got, want):
+    """Where a wrong tensor differs: how many bytes, the first, and whether
+    they are the poison (never written) or other bytes (stale or wrong)."""
+    import torch
+    g, w = got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)
+    diff = (g != w).nonzero().reshape(-1)
+    first = int(diff[0]) if diff.numel() else -1
+    poison = int((g[diff] == 0xFF).sum())
+    return f"{diff.numel()} of {g.numel()} bytes differ, first at byte {first}, {poison} of them still poison"
+
+
 def trainer(args):
     import torch
     import torch.distributed as dist
@@ -105,8 +126,10 @@ def trainer(args):
         with open(os.path.join(args.work, f"trainer-v{v}.json"), "w") as f:
             json.dump(report, f)
         print(f"trainer: version {v}: {json.dumps(report)}", flush=True)
-        for r in range(2):
-            wait_file(os.path.join(args.work, f"engine-{r}-v{v}.done"), args.timeout)
+        for r in range(2):  # each engine checks what it got; a wrong version ends the run
+            done = wait_any([os.path.join(args.work, f"engine-{r}-v{v}.{x}") for x in ("done", "bad")], args.timeout)
+            if done.endswith(".bad"):
+                sys.exit(f"trainer: engine {r} got wrong bytes in version {v}")
     sync.close()
     dist.destroy_process_group()
 
@@ -140,6 +163,10 @@ def engine(args):
                    if got[n].shape != w.shape or not torch.equal(got[n].view(torch.uint8), w.view(torch.uint8))]
             line = (f"engine {args.rank}: version {v}: {len(want[args.rank]) - len(bad)} of {len(want[args.rank])} "
                     f"tensors ({nbytes} bytes) equal plain torch on the CPU" + (f"; differ: {bad[:5]}" if bad else ""))
+            for n in bad[:3]:  # a late copy shows as bytes that are right when read again
+                again = tensors[n].cpu()
+                line += (f"\n  {n}: {describe_difference(got[n], want[args.rank][n])}; read again after the check: "
+                         f"{'now equal' if torch.equal(again.view(torch.uint8), want[args.rank][n].view(torch.uint8)) else describe_difference(again, want[args.rank][n])}")
             print(line, flush=True)
             with open(os.path.join(args.work, f"engine-{args.rank}-v{v}.{'done' if not bad else 'bad'}"), "w") as f:
                 f.write(line + "\n")

@@ -139,10 +139,11 @@ int Receiver(const std::string& provider, size_t bytes, int iters, int gpu, int 
                                 Clock::now() + std::chrono::seconds(2 * op_timeout_s));
   Send(to_parent, "D" + (*region)->descriptor().Serialize());
   st = fired.get_future().get();
-  // When the last byte had landed here: the writer's completions can come
-  // before the target's copy is done (shm with CUDA memory), so the
-  // bandwidth is timed to this moment. steady_clock is CLOCK_MONOTONIC, the
-  // same clock in both processes.
+  // When the last arrival fired here: the bandwidth is timed to this moment,
+  // not to the writer's completions (the target may still be copying when
+  // the writer hears back). steady_clock is CLOCK_MONOTONIC, the same clock
+  // in both processes. (libfabric's shm before its asynchronous CUDA IPC
+  // copy fired even this before the bytes landed: docs/transport.md.)
   const int64_t landed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                 std::chrono::steady_clock::now().time_since_epoch()).count();
   if (!st.ok()) return Send(to_parent, "E" + st.ToString()), 1;
