@@ -297,6 +297,11 @@ uint64_t PlanExecutor::arena_bytes() const { return impl_->arena ? impl_->arena-
 
 void PlanExecutor::ResetGroups() { impl_->groups_ready = false; }
 
+bool PlanExecutor::writes_timed_out() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->writes_timed_out;
+}
+
 StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards) {
   Impl& impl = *impl_;
   VersionReport report;
@@ -345,8 +350,15 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
   t0 = Clock::now();
   Status writes = impl.WaitWrites(Clock::now() + impl.options.write_timeout);
   report.seconds.wait_writes += Since(t0);
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    impl.writes_timed_out = writes.code() == StatusCode::kDeadlineExceeded;
+  }
   report.seconds.total = Since(impl.run_start);
   if (impl.arena) report.peak_temp_bytes = impl.arena->peak();
+  // A failed collective is often the echo of stalled writes (the peers
+  // waited for this rank in their next collective): name both.
+  if (!failure.ok() && !writes.ok()) return Status(failure.code(), failure.message() + "; its writes: " + writes.message());
   if (!failure.ok()) return failure;
   if (!writes.ok()) return writes;
   return report;

@@ -128,6 +128,11 @@ class PlanExecutor {
   // Drops the collective groups; the next Run rebuilds them (generation = its
   // version). Run does this by itself after a failed collective.
   void ResetGroups();
+  // Whether a write of the last Run did not complete in time. The engine may
+  // then be unable to complete writes to anyone (libfabric's shm after a
+  // peer died with writes outstanding: docs/transport.md), so the agents
+  // replace it, with a new executor, before the next version.
+  bool writes_timed_out() const;
 
  private:
   struct Impl;

@@ -98,6 +98,7 @@ struct PlanExecutor::Impl {
   uint64_t inflight = 0;  // guarded by mu
   Status write_error;     // first failed write of the version; guarded by mu
   std::atomic<bool> write_failed{false};
+  bool writes_timed_out = false;  // under mu: the last Run's, for writes_timed_out()
   Clock::time_point run_start;
 
   std::string Where(const SourceWork& sw) const {

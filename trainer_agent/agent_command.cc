@@ -85,7 +85,8 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   options.shm_timeout = Ms(flags.shm_timeout_s);
   options.log = LogLine;
   options.on_registered = [] { std::cout << "ready" << std::endl; };
-  Status s = RunTrainerAgent(spec->rank, spec->mesh_groups, shm_name, **engine, *client, options, signals.stop);
+  options.make_engine = [fabric] { return transport::fabric::CreateLibfabricEngine(fabric); };
+  Status s = RunTrainerAgent(spec->rank, spec->mesh_groups, shm_name, *engine, *client, options, signals.stop);
   if (!s.ok()) return fail(s);
   LogLine("stopped");
   return 0;

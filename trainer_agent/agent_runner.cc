@@ -61,7 +61,7 @@ StatusOr<std::unique_ptr<ShardView>> OpenShards(const std::string& name, const T
 }  // namespace
 
 Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups,
-                       const std::string& shm_name, transport::Engine& engine,
+                       const std::string& shm_name, std::unique_ptr<transport::Engine>& engine,
                        controller::ControllerClient& client, const TrainerAgentOptions& options,
                        const std::atomic<bool>& stop) {
   const std::string me = "trainer rank " + std::to_string(rank.rank);
@@ -101,15 +101,23 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
   exec_options.rendezvous_prefix += "/" + slice->plan_id;
   uint64_t epoch = slice->epoch;
   StatusOr<std::unique_ptr<PlanExecutor>> executor =
-      PlanExecutor::Create(std::move(slice->plan), &engine, groups.get(), exec_options);
+      PlanExecutor::Create(std::move(slice->plan), engine.get(), groups.get(), exec_options);
   if (!executor.ok()) return executor.status();
   // After an inference rank registered again with new memory: the slice of
-  // the new epoch, and an executor that imports its descriptors.
-  auto replan = [&]() -> Status {
+  // the new epoch, and an executor that imports its descriptors; with
+  // `new_engine`, on a new engine too (after writes that timed out).
+  auto replan = [&](bool new_engine = false) -> Status {
     StatusOr<controller::TrainerPlanSlice> fresh = FetchPlan(client, rank.rank, options, stop);
     if (!fresh.ok()) return fresh.status().WithContext(me + ": fetching the plan of the new epoch");
     executor->reset();  // waits for its writes still in flight
-    executor = PlanExecutor::Create(std::move(fresh->plan), &engine, groups.get(), exec_options);
+    if (new_engine) {
+      engine.reset();  // its stuck operations go with it
+      StatusOr<std::unique_ptr<transport::Engine>> made = options.make_engine();
+      if (!made.ok()) return made.status().WithContext(me + ": replacing the transport engine");
+      engine = std::move(made).value();
+      Log(options, "replaced the transport engine after writes that timed out: " + engine->Describe());
+    }
+    executor = PlanExecutor::Create(std::move(fresh->plan), engine.get(), groups.get(), exec_options);
     if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(fresh->epoch));
     epoch = fresh->epoch;
     Log(options, "re-imported the plan of epoch " + std::to_string(epoch));
@@ -146,6 +154,10 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     // trainer (it may change its weights; the version will never complete).
     if (!result.ok()) (*view)->MarkFailed(v);
     if (options.on_version) options.on_version(v, result);
+    if (!result.ok() && (*executor)->writes_timed_out() && options.make_engine) {
+      Status replaced = replan(/*new_engine=*/true);
+      if (!replaced.ok()) return replaced;
+    }
   }
   return Status::Ok();
 }

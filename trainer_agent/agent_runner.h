@@ -44,13 +44,18 @@ struct TrainerAgentOptions {
   // Called after every version this rank finished (ok or not), with its
   // report when ok (tests, metrics).
   std::function<void(uint64_t version, const StatusOr<VersionReport>& result)> on_version;
+  // Makes a new engine like the first. After a version whose writes timed
+  // out the agent replaces its engine with one (a provider can be left
+  // unable to complete any write after a peer died with writes outstanding);
+  // without it the agent keeps the engine it has.
+  std::function<StatusOr<std::unique_ptr<transport::Engine>>()> make_engine;
 };
 
 // Returns OK when `stop` became true, or the first error that ends the
 // agent (registration refused, no plan in time, a plan this rank cannot run,
 // a shard export that does not match the rank's metadata).
 Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups,
-                       const std::string& shm_name, transport::Engine& engine,
+                       const std::string& shm_name, std::unique_ptr<transport::Engine>& engine,
                        controller::ControllerClient& client, const TrainerAgentOptions& options,
                        const std::atomic<bool>& stop);
 

@@ -105,6 +105,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
   s->engine_ = std::move(engine).value();
+  s->fabric_options_ = fabric;
   if (s->device_ != nullptr && !s->engine_->capabilities().cuda_memory) {
     return FailedPrecondition(me + ": the shards are on " + s->device_->name() + ", but " + s->engine_->Describe() +
                               "; use a libfabric built with CUDA (FI_HMEM)");
@@ -185,16 +186,28 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
       return;
     }
     PointerShards source(std::move(shards), state);
-    state->Finish(trainer_agent::RunAndReport(*executor_, client_, rank_, v, source, log));
+    StatusOr<VersionReport> result = trainer_agent::RunAndReport(*executor_, client_, rank_, v, source, log);
+    if (!result.ok() && executor_->writes_timed_out()) {
+      Status replaced = Replan(/*new_engine=*/true);
+      if (!replaced.ok()) LogLine(rank_, "could not replace the transport engine: " + replaced.message());
+    }
+    state->Finish(std::move(result));
   });
   return state;
 }
 
-Status TrainerSession::Replan() {
+Status TrainerSession::Replan(bool new_engine) {
   const std::string me = "trainer rank " + std::to_string(rank_);
   StatusOr<controller::TrainerPlanSlice> slice = client_.FetchTrainerPlan(rank_, Clock::now() + config_.timeout);
   if (!slice.ok()) return slice.status().WithContext(me + ": fetching the plan of the new epoch");
   executor_.reset();  // waits for its writes still in flight
+  if (new_engine) {
+    engine_.reset();  // its stuck operations go with it
+    StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric_options_);
+    if (!engine.ok()) return engine.status().WithContext(me + ": replacing the transport engine");
+    engine_ = std::move(engine).value();
+    LogLine(rank_, "replaced the transport engine after writes that timed out: " + engine_->Describe());
+  }
   StatusOr<std::unique_ptr<PlanExecutor>> executor =
       PlanExecutor::Create(std::move(slice->plan), engine_.get(), groups_.get(), executor_options_);
   if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(slice->epoch));

@@ -32,6 +32,7 @@
 #include "pipeline/group.h"
 #include "pipeline/shard_source.h"
 #include "transport/engine.h"
+#include "transport/libfabric/libfabric_options.h"
 
 namespace wsync::python {
 
@@ -112,8 +113,10 @@ class TrainerSession {
       : config_(std::move(config)), client_(std::move(client)), rank_(rank) {}
   void JoinPrevious();
   // On the pipeline thread, when the controller serves a newer registration
-  // epoch: fetch the slice again and rebuild the executor (new descriptors).
-  Status Replan();
+  // epoch: fetch the slice again and rebuild the executor (new descriptors);
+  // with `new_engine`, on a new engine too (after writes that timed out: a
+  // provider can be left unable to complete any write).
+  Status Replan(bool new_engine = false);
 
   // Members in creation order; teardown runs in reverse (the executor before
   // the groups and the engine it uses).
@@ -123,6 +126,7 @@ class TrainerSession {
   std::string plan_id_;
   uint64_t epoch_ = 0;                // registration epoch of the plan slice the executor runs
   ExecutorOptions executor_options_;  // kept for Replan()
+  transport::fabric::LibfabricOptions fabric_options_;  // kept for Replan(true)
   std::unique_ptr<DeviceOps> device_;  // before engine_ and executor_: the arena is its memory
   std::unique_ptr<transport::Engine> engine_;
   std::unique_ptr<GroupFactory> groups_;

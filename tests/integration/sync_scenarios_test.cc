@@ -184,6 +184,53 @@ TEST(SyncScenarios, RestartedInferenceAgentRegistersAgainAndTheNextVersionComple
   ExpectCompleteAndVerified(*s, 3);
 }
 
+// Trainers writing into an inference agent that died: the version fails,
+// every trainer rank leaves it (today when its own writes time out, the
+// engine's 30 s; the controller knows within its heartbeat timeout), and
+// once the agent is back the next version completes. Without the engine
+// replacement that version stalled (libfabric's shm, once writes to a dead
+// peer were outstanding, completed no later write to anyone: 45 of 69
+// arrivals on both ranks, the live one too).
+TEST(SyncScenarios, WritersToAKilledInferenceAgentFailTheVersionAndTheNextCompletesOnceItIsBack) {
+  auto s = StartOrDie(Options("killinf"));
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+
+  s->KillInferenceAgent(1, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<UpdateReport> r2 = s->Update(2);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->state, "failed");
+  const double failed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(EngineVersion(*s, 0), 1u) << "version 2 did not land everywhere: rank 0 must not claim it";
+
+  // Every trainer rank has left version 2 (its log says how).
+  auto left = [&] {
+    int n = 0;
+    for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
+      std::ifstream in(s->TrainerLog(r));
+      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      n += log.find("version 2 failed") != std::string::npos || log.find("version 2 skipped") != std::string::npos;
+    }
+    return n == static_cast<int>(s->specs().trainer.ranks.size());
+  };
+  bool all_reported = false;
+  for (int i = 0; i < 1800 && !(all_reported = left()); ++i) std::this_thread::sleep_for(milliseconds(100));
+  const double reported_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("version 2 failed after %.1f s; every trainer rank reported after %.1f s\n", failed_after,
+              reported_after);
+  EXPECT_TRUE(all_reported) << "a trainer rank is still in version 2 after " << reported_after << " s";
+
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  ExpectCompleteAndVerified(*s, 3);
+  for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
+    std::ifstream in(s->TrainerLog(r));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("replaced the transport engine"), std::string::npos) << s->TrainerLog(r) << ":\n" << log;
+  }
+}
+
 TEST(SyncScenarios, ControllerRestartBetweenUpdatesServesTheSamePlan) {
   auto s = StartOrDie(Options("restart"));
   ASSERT_NE(s, nullptr);

@@ -143,7 +143,7 @@ class AgentRunnerTest : public ::testing::Test {
   void StartAgent(int r, const std::string& shm_name) {
     agents_.emplace_back([this, r, shm_name] {
       const TrainerRank& rank = fixture_->trainer.ranks[r];
-      Status s = RunTrainerAgent(rank, fixture_->trainer.mesh_groups, shm_name, *engines_[r], *client_, Options(r),
+      Status s = RunTrainerAgent(rank, fixture_->trainer.mesh_groups, shm_name, engines_[r], *client_, Options(r),
                                  stop_);
       std::lock_guard<std::mutex> lock(mu_);
       exits_.emplace_back(r, s);
@@ -208,7 +208,7 @@ TEST_F(AgentRunnerTest, ExportOfAnotherLayoutIsOneClearError) {
   // Rank 0's agent is pointed at rank 1's export.
   agents_.emplace_back([this] {
     TrainerAgentOptions o = Options(0);
-    Status s = RunTrainerAgent(fixture_->trainer.ranks[0], fixture_->trainer.mesh_groups, names_[1], *engines_[0],
+    Status s = RunTrainerAgent(fixture_->trainer.ranks[0], fixture_->trainer.mesh_groups, names_[1], engines_[0],
                                *client_, o, stop_);
     std::lock_guard<std::mutex> lock(mu_);
     exits_.emplace_back(0, s);

@@ -515,6 +515,10 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
     // that took them and never completed them.
     std::string posted = std::to_string(r->posted_ops) + " posted";
     if (r->eagain > 0) posted += ", the provider answered FI_EAGAIN " + std::to_string(r->eagain) + " times";
+    if (r->posted_ops < r->total_ops) {  // held back: by our caps, or by the provider
+      posted += "; NIC 0 has " + std::to_string(inflight_[0]) + " operations (" + std::to_string(inflight_bytes_[0]) +
+                " bytes) in flight";
+    }
     notice->status = DeadlineExceeded(
         std::string(KindName(r->kind)) + ": " + std::to_string(r->total_ops - r->completed_ops) + " of " +
         std::to_string(r->total_ops) + " operations not completed after " +
