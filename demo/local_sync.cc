@@ -58,6 +58,11 @@ Status ParallelFor(size_t n, size_t threads, const std::function<Status(size_t)>
 
 }  // namespace
 
+size_t DemoWorkers() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::clamp<size_t>(cores == 0 ? 2 : cores, 1, 8);
+}
+
 LocalSync::~LocalSync() {
   // Trainer agents first (they write), then inference agents, then the controller.
   trainer_agents_.clear();
@@ -222,7 +227,7 @@ Status LocalSync::FillShards(uint64_t version) {
   for (size_t r = 0; r < specs_.trainer.ranks.size(); ++r) {
     for (const TrainerParam& p : specs_.trainer.ranks[r].params) jobs.push_back({r, &p});
   }
-  return ParallelFor(jobs.size(), 2, [&](size_t i) -> Status {
+  return ParallelFor(jobs.size(), DemoWorkers(), [&](size_t i) -> Status {
     const Job& job = jobs[i];
     WSYNC_ASSIGN_OR_RETURN(trainer_agent::ShardTensor t, exports_[job.rank]->Tensor(job.param->name));
     FillSyntheticBox(job.param->name, job.param->global_shape, LocalBox(*job.param), version,
@@ -279,39 +284,66 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
 
 Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_rank) const {
   const Reference reference(specs_.trainer, specs_.mapping);
-  std::atomic<uint64_t> tensors{0}, bytes{0};
-  Status s = ParallelFor(specs_.inference.ranks.size(), 2, [&](size_t r) -> Status {
-    const InferenceRank& rank = specs_.inference.ranks[r];
-    if (only_rank >= 0 && rank.rank != only_rank) return Status::Ok();
+  // Every rank's store, its version word checked before any byte.
+  std::vector<inference::EngineView> views;
+  std::vector<const InferenceRank*> ranks;
+  for (const InferenceRank& rank : specs_.inference.ranks) {
+    if (only_rank >= 0 && rank.rank != only_rank) continue;
     WSYNC_ASSIGN_OR_RETURN(inference::EngineView view, inference::EngineView::Open(InferenceShmName(rank.rank)));
     if (view.complete_version() != version) {
       return FailedPrecondition("inference rank " + std::to_string(rank.rank) + " reports complete version " +
                                 std::to_string(view.complete_version()) + ", expected " + std::to_string(version));
     }
-    auto compare = [&](const std::string& name, const std::vector<uint8_t>& want) -> Status {
-      const inference::EngineTensor* got = view.Find(name);
-      if (got == nullptr) return NotFound("inference rank " + std::to_string(rank.rank) + ": no tensor '" + name + "'");
-      if (got->bytes != want.size()) {
-        return FailedPrecondition("inference rank " + std::to_string(rank.rank) + ": tensor '" + name + "' holds " +
-                                  std::to_string(got->bytes) + " bytes, reference " + std::to_string(want.size()));
-      }
-      if (std::memcmp(got->data, want.data(), want.size()) != 0) {
-        size_t i = 0;
-        while (got->data[i] == want[i]) ++i;
-        char bytes_seen[48];
-        std::snprintf(bytes_seen, sizeof bytes_seen, " (got 0x%02x, want 0x%02x)", got->data[i], want[i]);
-        return FailedPrecondition("version " + std::to_string(version) + ": inference rank " +
-                                  std::to_string(rank.rank) + ": tensor '" + name +
-                                  "' differs from the reference at byte " + std::to_string(i) + bytes_seen);
-      }
-      ++tensors;
-      bytes += want.size();
-      return Status::Ok();
-    };
-    for (const InferenceTensor& t : rank.tensors) {
-      WSYNC_ASSIGN_OR_RETURN(ExpectedTensor want, reference.Expected(t, version));
-      WSYNC_RETURN_IF_ERROR(compare(t.name, want.weight));
-      if (t.scale) WSYNC_RETURN_IF_ERROR(compare(t.scale->name, want.scale));
+    views.push_back(std::move(view));
+    ranks.push_back(&rank);
+  }
+  // One group per engine tensor (name and expert range): the reference fuses
+  // and quantizes it once and cuts every rank's part from that copy.
+  struct Holder {
+    size_t rank;  // into views / ranks
+    const InferenceTensor* tensor;
+  };
+  std::vector<std::vector<Holder>> groups;
+  std::map<std::string, size_t> group_of;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const InferenceTensor& t : ranks[r]->tensors) {
+      std::string key = t.name;
+      if (t.experts) key += "#" + std::to_string(t.experts->start) + ":" + std::to_string(t.experts->end);
+      auto [it, added] = group_of.emplace(key, groups.size());
+      if (added) groups.emplace_back();
+      groups[it->second].push_back({r, &t});
+    }
+  }
+  std::atomic<uint64_t> tensors{0}, bytes{0};
+  auto compare = [&](size_t r, const std::string& name, const std::vector<uint8_t>& want) -> Status {
+    const int32_t rank = ranks[r]->rank;
+    const inference::EngineTensor* got = views[r].Find(name);
+    if (got == nullptr) return NotFound("inference rank " + std::to_string(rank) + ": no tensor '" + name + "'");
+    if (got->bytes != want.size()) {
+      return FailedPrecondition("inference rank " + std::to_string(rank) + ": tensor '" + name + "' holds " +
+                                std::to_string(got->bytes) + " bytes, reference " + std::to_string(want.size()));
+    }
+    if (std::memcmp(got->data, want.data(), want.size()) != 0) {
+      size_t i = 0;
+      while (got->data[i] == want[i]) ++i;
+      char bytes_seen[48];
+      std::snprintf(bytes_seen, sizeof bytes_seen, " (got 0x%02x, want 0x%02x)", got->data[i], want[i]);
+      return FailedPrecondition("version " + std::to_string(version) + ": inference rank " + std::to_string(rank) +
+                                ": tensor '" + name + "' differs from the reference at byte " + std::to_string(i) +
+                                bytes_seen);
+    }
+    ++tensors;
+    bytes += want.size();
+    return Status::Ok();
+  };
+  Status s = ParallelFor(groups.size(), DemoWorkers(), [&](size_t g) -> Status {
+    std::vector<const InferenceTensor*> same;
+    for (const Holder& h : groups[g]) same.push_back(h.tensor);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<ExpectedTensor> want, reference.ExpectedOnRanks(same, version));
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const Holder& h = groups[g][i];
+      WSYNC_RETURN_IF_ERROR(compare(h.rank, h.tensor->name, want[i].weight));
+      if (h.tensor->scale) WSYNC_RETURN_IF_ERROR(compare(h.rank, h.tensor->scale->name, want[i].scale));
     }
     return Status::Ok();
   });

@@ -72,6 +72,10 @@ struct UpdateReport {
   uint64_t verified_bytes = 0;
 };
 
+// Threads the demo's own CPU work (synthetic weights, the reference) uses:
+// this machine's cores, at most 8 (each verifying thread holds up to ~150 MB).
+size_t DemoWorkers();
+
 class LocalSync {
  public:
   ~LocalSync();
@@ -84,6 +88,8 @@ class LocalSync {
   StatusOr<UpdateReport> Update(uint64_t version);
   // Checks every tensor of every inference rank (or only `only_rank`) bit
   // for bit against the reference for `version`; fills the verified_* fields.
+  // Each engine tensor's reference is computed once and cut for every rank
+  // that holds a part of it.
   Status Verify(uint64_t version, UpdateReport* report, int32_t only_rank = -1) const;
 
   // Pieces, for the integration tests.

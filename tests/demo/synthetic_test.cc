@@ -1,11 +1,15 @@
 // The demo's synthetic weights: the fast box filler the fake trainer uses
 // gives, element for element, the values of the definition (written out
-// here again the plain way, as the generator was before it was made fast).
+// here again the plain way, as the generator was before it was made fast),
+// and the reference's per-group path gives every rank what its one-rank
+// path gives.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
+#include "demo/reference.h"
 #include "demo/synthetic.h"
+#include "models/generate.h"
 #include "pipeline/fp8.h"
 
 namespace wsync::demo {
@@ -76,6 +80,34 @@ TEST(Synthetic, VersionsAndNamesGiveDifferentWeights) {
   const Shape shape = {64, 64};
   EXPECT_NE(SyntheticTensor("a", shape, 1), SyntheticTensor("a", shape, 2));
   EXPECT_NE(SyntheticTensor("a", shape, 1), SyntheticTensor("b", shape, 1));
+}
+
+TEST(Reference, OneCopyCutForEveryRankEqualsEachRanksOwnReference) {
+  StatusOr<GeneratedSpecs> specs =
+      GenerateFromClusterFile(std::string(WSYNC_SOURCE_DIR) + "/examples/small-moe-fp8-4x2/cluster.json");
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  const Reference reference(specs->trainer, specs->mapping);
+  ASSERT_EQ(specs->inference.ranks.size(), 2u);
+  const InferenceRank& r0 = specs->inference.ranks[0];
+  const InferenceRank& r1 = specs->inference.ranks[1];
+  ASSERT_EQ(r0.tensors.size(), r1.tensors.size());
+  for (size_t i = 0; i < r0.tensors.size(); ++i) {
+    const InferenceTensor& a = r0.tensors[i];
+    const InferenceTensor& b = r1.tensors[i];
+    ASSERT_EQ(a.name, b.name);
+    StatusOr<std::vector<ExpectedTensor>> both = reference.ExpectedOnRanks({&a, &b}, 3);
+    ASSERT_TRUE(both.ok()) << both.status().ToString();
+    StatusOr<ExpectedTensor> alone_a = reference.Expected(a, 3);
+    StatusOr<ExpectedTensor> alone_b = reference.Expected(b, 3);
+    ASSERT_TRUE(alone_a.ok() && alone_b.ok()) << a.name;
+    EXPECT_EQ((*both)[0].weight, alone_a->weight) << a.name;
+    EXPECT_EQ((*both)[0].scale, alone_a->scale) << a.name;
+    EXPECT_EQ((*both)[1].weight, alone_b->weight) << b.name;
+    EXPECT_EQ((*both)[1].scale, alone_b->scale) << b.name;
+  }
+  // Two different engine tensors are never cut from one copy.
+  ASSERT_GE(r0.tensors.size(), 2u);
+  EXPECT_FALSE(reference.ExpectedOnRanks({&r0.tensors[0], &r1.tensors[1]}, 3).ok());
 }
 
 }  // namespace
