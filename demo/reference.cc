@@ -1,6 +1,8 @@
 #include "demo/reference.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <regex>
 
@@ -114,6 +116,45 @@ NdArray SourceExpert(const std::string& name, const Shape& shape, int d, int64_t
              out + o * inner);
   }
   return a;
+}
+
+// fp8 e4m3fn of y = x / scale, from the format's definition rather than
+// pipeline/fp8.cc's integer rounding (the code under test): the nearest
+// value m * 2^(e-3) with 8 <= m <= 16 for 2^e <= |y| (e >= -6), or m * 2^-9
+// below 2^-6, m rounded to even in double arithmetic; saturated at 448.
+uint8_t E4M3Code(float y) {
+  if (std::isnan(y)) return 0x7F;
+  const uint8_t sign = std::signbit(y) ? 0x80 : 0x00;
+  const float a = std::fabs(y);
+  if (a >= 448.0f) return sign | 0x7E;
+  constexpr double kRoundEven = 0x1p52;  // x + 2^52 - 2^52 rounds x >= 0 to an integer, ties to even
+  if (a < 0x1p-6f) return sign | static_cast<uint8_t>((a * 512.0 + kRoundEven) - kRoundEven);  // 0..8
+  const int e = static_cast<int>(std::bit_cast<uint32_t>(a) >> 23) - 127;  // -6..8
+  const double to_m = std::bit_cast<double>(static_cast<uint64_t>(1023 + 3 - e) << 52);  // 2^(3-e)
+  const int m = static_cast<int>((a * to_m + kRoundEven) - kRoundEven);  // 8..16; 16 is the next exponent's 8
+  return sign | static_cast<uint8_t>(((e + 7) << 3) + (m - 8));
+}
+
+// Block fp8 of one row-major bf16 matrix, the plain way: per 128 x 128 block
+// scale = amax / 448 in fp32 (1 for an all-zero block), then every element
+// e4m3(x / scale). `scale_inv` is row-major over the blocks.
+void QuantizeMatrix(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* q, float* scale_inv) {
+  const int64_t block = kFp8BlockSize;
+  const int64_t block_cols = (cols + block - 1) / block;
+  auto value = [](uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); };
+  std::vector<float> amax(static_cast<size_t>(block_cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t r1 = std::min(rows, r0 + block);
+    std::fill(amax.begin(), amax.end(), 0.0f);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < cols; ++c) amax[c / block] = std::max(amax[c / block], std::fabs(value(x[r * cols + c])));
+    }
+    float* s = scale_inv + (r0 / block) * block_cols;
+    for (int64_t b = 0; b < block_cols; ++b) s[b] = amax[b] == 0.0f ? 1.0f : amax[b] / 448.0f;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = E4M3Code(value(x[r * cols + c]) / s[c / block]);
+    }
+  }
 }
 
 // Pattern -> regex: {*} any text, {Name} a decimal number bound to Name.
@@ -269,14 +310,12 @@ StatusOr<Reference::Unsliced> Reference::Build(const InferenceTensor& t, uint64_
     scale.shape[n - 2] = Fp8BlockCount(rows);
     scale.shape[n - 1] = Fp8BlockCount(cols);
     scale.esize = 4;
-    weight.data.reserve(static_cast<size_t>(fused.Count()));
-    scale.data.reserve(static_cast<size_t>(scale.Count()) * 4);
+    weight.data.resize(static_cast<size_t>(fused.Count()));
+    scale.data.resize(static_cast<size_t>(scale.Count()) * 4);
+    const int64_t blocks = scale.Count() / mats;
     for (int64_t m = 0; m < mats; ++m) {
-      Bf16MatrixView view{reinterpret_cast<const uint16_t*>(fused.data.data()) + m * rows * cols, rows, cols, cols};
-      WSYNC_ASSIGN_OR_RETURN(Fp8BlockTensor q, QuantizeFp8Blocks(view));
-      weight.data.insert(weight.data.end(), q.q.begin(), q.q.end());
-      const auto* s = reinterpret_cast<const uint8_t*>(q.scale_inv.data());
-      scale.data.insert(scale.data.end(), s, s + q.scale_inv.size() * 4);
+      QuantizeMatrix(reinterpret_cast<const uint16_t*>(fused.data.data()) + m * rows * cols, rows, cols,
+                     weight.data.data() + m * rows * cols, reinterpret_cast<float*>(scale.data.data()) + m * blocks);
     }
   } else if (t.dtype == DType::kBF16) {
     weight = std::move(fused);

@@ -7,9 +7,11 @@
 // Used by the demo and the integration tests to check every byte.
 //
 // The synthetic values come from SyntheticBf16, the definition, element by
-// element (not the fake trainer's FillSyntheticBox). An expert is generated
-// on its own (never the whole stacked tensor once per expert), and every
-// rank's cut of one engine tensor comes from a single fused, quantized copy.
+// element (not the fake trainer's FillSyntheticBox); fp8 blocks are
+// quantized by a plain encoder of its own (not pipeline/fp8.cc, which the
+// pipeline runs). An expert is generated on its own (never the whole
+// stacked tensor once per expert), and every rank's cut of one engine
+// tensor comes from a single fused, quantized copy.
 #pragma once
 
 #include <cstdint>
