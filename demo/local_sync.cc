@@ -102,6 +102,9 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
   fs::remove(secret, ec);
   WSYNC_RETURN_IF_ERROR(controller::WriteNewSecret(secret));
 
+  auto say = [&](const std::string& what) {
+    if (o.progress) o.progress(what);
+  };
   std::unique_ptr<LocalSync> sync(new LocalSync(o));
   sync->secret_path_ = secret;
   WSYNC_ASSIGN_OR_RETURN(sync->specs_, GenerateFromClusterFile(o.cluster));
@@ -121,7 +124,11 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
     sync->exports_.push_back(std::move(exp));
   }
 
+  say("starting the controller (" + o.work_dir + "/controller.log)");
   WSYNC_RETURN_IF_ERROR(sync->StartController());
+  say("controller listening on " + sync->controller_address_ + "; starting " +
+      std::to_string(specs.inference.ranks.size() - o.absent_inference.size()) + " inference agents and " +
+      std::to_string(specs.trainer.ranks.size()) + " trainer agents (logs beside it)");
   sync->inference_agents_.resize(specs.inference.ranks.size());
   sync->trainer_agents_.resize(specs.trainer.ranks.size());
   auto absent = [&](size_t r) {
@@ -135,6 +142,7 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
     WSYNC_RETURN_IF_ERROR(sync->StartTrainerAgent(static_cast<int32_t>(r)));
   }
   if (!o.wait_ready) return sync;
+  say("waiting for every agent to register its memory and the controller to plan (seconds)");
   // Agents print "ready" once registered; the plan exists once all are.
   for (size_t r = 0; r < sync->inference_agents_.size(); ++r) {
     if (!absent(r)) WSYNC_RETURN_IF_ERROR(sync->inference_agents_[r].WaitForLine("ready", kStartTimeout));
@@ -209,7 +217,7 @@ void LocalSync::KillInferenceAgent(int32_t rank, int signal) {
   (void)inference_agents_[rank].Wait(std::chrono::seconds(10));
 }
 
-Status LocalSync::FillShards(uint64_t version) {
+Status LocalSync::FillShards(uint64_t version, uint64_t* bytes) {
   // The trainer may only touch its weights once the agent has read the last
   // version it published.
   for (auto& exp : exports_) {
@@ -226,6 +234,10 @@ Status LocalSync::FillShards(uint64_t version) {
   std::vector<Job> jobs;
   for (size_t r = 0; r < specs_.trainer.ranks.size(); ++r) {
     for (const TrainerParam& p : specs_.trainer.ranks[r].params) jobs.push_back({r, &p});
+  }
+  if (bytes != nullptr) {
+    *bytes = 0;
+    for (const Job& job : jobs) *bytes += static_cast<uint64_t>(LocalBox(*job.param).NumElements()) * 2;
   }
   return ParallelFor(jobs.size(), DemoWorkers(), [&](size_t i) -> Status {
     const Job& job = jobs[i];
@@ -256,8 +268,11 @@ StatusOr<controller::VersionStatus> LocalSync::WaitVersion(uint64_t version, dou
 }
 
 StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
-  WSYNC_RETURN_IF_ERROR(FillShards(version));
+  UpdateReport report;
+  const auto fill_start = Clock::now();
+  WSYNC_RETURN_IF_ERROR(FillShards(version, &report.fill_bytes));
   const auto t0 = Clock::now();
+  report.fill_seconds = std::chrono::duration<double>(t0 - fill_start).count();
   WSYNC_RETURN_IF_ERROR(Publish(version));
   WSYNC_ASSIGN_OR_RETURN(controller::VersionStatus v, WaitVersion(version, options_.version_timeout_s + 30));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -268,7 +283,6 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
     StatusOr<controller::VersionStatus> again = client_->GetVersion(version);
     if (again.ok()) v = *again;
   }
-  UpdateReport report;
   report.version = version;
   report.seconds = seconds;
   for (const WriteOp& op : table_.ops) report.wire_bytes += op.bytes;
@@ -283,6 +297,7 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
 }
 
 Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_rank) const {
+  const auto start = Clock::now();
   const Reference reference(specs_.trainer, specs_.mapping);
   // Every rank's store, its version word checked before any byte.
   std::vector<inference::EngineView> views;
@@ -350,6 +365,7 @@ Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_ra
   if (report != nullptr) {
     report->verified_tensors = tensors;
     report->verified_bytes = bytes;
+    report->verify_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   return s;
 }
