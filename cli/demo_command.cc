@@ -3,6 +3,8 @@
 // agents over libfabric on loopback), runs several updates with changing
 // weights, and checks every inference byte after each against a reference
 // computed without the pipeline.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -37,25 +39,40 @@ void PrintStages(const nlohmann::json& stats, uint64_t watermark) {
               peak / 1048576.0, watermark / 1048576.0);
 }
 
-int RunDemo(const DemoOptions& opt) {
-  std::printf("wsync demo: starting controller, trainer and inference agents for %s (provider %s)\n",
-              opt.sync.cluster.c_str(), opt.sync.provider.c_str());
+int RunDemo(DemoOptions opt) {
+  using Clock = std::chrono::steady_clock;
+  // Line-buffered even into a pipe or a CI log: each phase shows when it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const auto start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::printf("wsync demo: %s over libfabric %s, %d updates\n", opt.sync.cluster.c_str(), opt.sync.provider.c_str(),
+              opt.updates);
+  opt.sync.progress = [&](const std::string& what) { std::printf("[%5.1f s] %s\n", elapsed(), what.c_str()); };
   StatusOr<std::unique_ptr<demo::LocalSync>> sync = demo::LocalSync::Start(opt.sync);
   if (!sync.ok()) {
     std::fprintf(stderr, "wsync demo: error: %s\n", sync.status().message().c_str());
     return 1;
   }
   demo::LocalSync& s = **sync;
-  std::printf("  %zu trainer ranks -> %zu inference ranks, %zu writes per update; logs in %s\n",
-              s.specs().trainer.ranks.size(), s.specs().inference.ranks.size(), s.table().ops.size(),
+  std::printf("[%5.1f s] ready: %zu trainer ranks -> %zu inference ranks, %zu writes per update; logs in %s\n",
+              elapsed(), s.specs().trainer.ranks.size(), s.specs().inference.ranks.size(), s.table().ops.size(),
               s.options().work_dir.c_str());
+  std::printf("each update: new synthetic trainer weights (the demo's work), the update itself (wsync), %s\n",
+              opt.verify ? "then every inference byte checked against an independent reference (the demo's work)"
+                         : "no verification (--no-verify)");
   int failures = 0;
+  double fill_total = 0, update_total = 0, verify_total = 0;
   for (int i = 1; i <= opt.updates; ++i) {
     StatusOr<demo::UpdateReport> r = s.Update(static_cast<uint64_t>(i));
     if (!r.ok()) {
       std::fprintf(stderr, "wsync demo: update %d: error: %s\n", i, r.status().message().c_str());
       return 1;
     }
+    fill_total += r->fill_seconds;
+    update_total += r->seconds;
+    std::printf("update %llu: synthetic weights %.3f GB generated in %.2f s (%zu threads)\n",
+                static_cast<unsigned long long>(r->version), r->fill_bytes / 1e9, r->fill_seconds,
+                demo::DemoWorkers());
     std::printf("update %llu: %s, %.3f GB in %.3f s = %.3f GB/s\n", static_cast<unsigned long long>(r->version),
                 r->state.c_str(), r->wire_bytes / 1e9, r->seconds, r->gbps);
     if (r->state != "complete") {
@@ -66,16 +83,21 @@ int RunDemo(const DemoOptions& opt) {
     PrintStages(r->trainer_stats, opt.sync.watermark);
     if (opt.verify) {
       Status v = s.Verify(r->version, &*r);
+      verify_total += r->verify_seconds;
       if (!v.ok()) {
-        std::printf("    verification FAILED: %s\n", v.message().c_str());
+        std::printf("    verification FAILED after %.2f s: %s\n", r->verify_seconds, v.message().c_str());
         ++failures;
       } else {
-        std::printf("    verified %llu tensors (%.3f GB) bit for bit against the independent reference\n",
-                    static_cast<unsigned long long>(r->verified_tensors), r->verified_bytes / 1e9);
+        std::printf("    verified %llu tensors (%.3f GB) bit for bit against the independent reference in %.2f s\n",
+                    static_cast<unsigned long long>(r->verified_tensors), r->verified_bytes / 1e9, r->verify_seconds);
       }
     }
   }
-  std::printf("wsync demo: %d of %d updates complete and verified\n", opt.updates - failures, opt.updates);
+  std::printf("wsync demo: %d of %d updates complete%s in %.1f s; per update on average: weights %.2f s, "
+              "update %.2f s, verification %.2f s\n",
+              opt.updates - failures, opt.updates, opt.verify ? " and verified" : "", elapsed(),
+              fill_total / std::max(opt.updates, 1), update_total / std::max(opt.updates, 1),
+              verify_total / std::max(opt.updates, 1));
   return failures == 0 ? 0 : 1;
 }
 

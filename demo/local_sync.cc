@@ -58,6 +58,11 @@ Status ParallelFor(size_t n, size_t threads, const std::function<Status(size_t)>
 
 }  // namespace
 
+size_t DemoWorkers() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::clamp<size_t>(cores == 0 ? 2 : cores, 1, 8);
+}
+
 LocalSync::~LocalSync() {
   // Trainer agents first (they write), then inference agents, then the controller.
   trainer_agents_.clear();
@@ -97,6 +102,9 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
   fs::remove(secret, ec);
   WSYNC_RETURN_IF_ERROR(controller::WriteNewSecret(secret));
 
+  auto say = [&](const std::string& what) {
+    if (o.progress) o.progress(what);
+  };
   std::unique_ptr<LocalSync> sync(new LocalSync(o));
   sync->secret_path_ = secret;
   WSYNC_ASSIGN_OR_RETURN(sync->specs_, GenerateFromClusterFile(o.cluster));
@@ -116,7 +124,11 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
     sync->exports_.push_back(std::move(exp));
   }
 
+  say("starting the controller (" + o.work_dir + "/controller.log)");
   WSYNC_RETURN_IF_ERROR(sync->StartController());
+  say("controller listening on " + sync->controller_address_ + "; starting " +
+      std::to_string(specs.inference.ranks.size() - o.absent_inference.size()) + " inference agents and " +
+      std::to_string(specs.trainer.ranks.size()) + " trainer agents (logs beside it)");
   sync->inference_agents_.resize(specs.inference.ranks.size());
   sync->trainer_agents_.resize(specs.trainer.ranks.size());
   auto absent = [&](size_t r) {
@@ -130,6 +142,7 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
     WSYNC_RETURN_IF_ERROR(sync->StartTrainerAgent(static_cast<int32_t>(r)));
   }
   if (!o.wait_ready) return sync;
+  say("waiting for every agent to register its memory and the controller to plan (seconds)");
   // Agents print "ready" once registered; the plan exists once all are.
   for (size_t r = 0; r < sync->inference_agents_.size(); ++r) {
     if (!absent(r)) WSYNC_RETURN_IF_ERROR(sync->inference_agents_[r].WaitForLine("ready", kStartTimeout));
@@ -204,7 +217,7 @@ void LocalSync::KillInferenceAgent(int32_t rank, int signal) {
   (void)inference_agents_[rank].Wait(std::chrono::seconds(10));
 }
 
-Status LocalSync::FillShards(uint64_t version) {
+Status LocalSync::FillShards(uint64_t version, uint64_t* bytes) {
   // The trainer may only touch its weights once the agent has read the last
   // version it published.
   for (auto& exp : exports_) {
@@ -222,7 +235,11 @@ Status LocalSync::FillShards(uint64_t version) {
   for (size_t r = 0; r < specs_.trainer.ranks.size(); ++r) {
     for (const TrainerParam& p : specs_.trainer.ranks[r].params) jobs.push_back({r, &p});
   }
-  return ParallelFor(jobs.size(), 2, [&](size_t i) -> Status {
+  if (bytes != nullptr) {
+    *bytes = 0;
+    for (const Job& job : jobs) *bytes += static_cast<uint64_t>(LocalBox(*job.param).NumElements()) * 2;
+  }
+  return ParallelFor(jobs.size(), DemoWorkers(), [&](size_t i) -> Status {
     const Job& job = jobs[i];
     WSYNC_ASSIGN_OR_RETURN(trainer_agent::ShardTensor t, exports_[job.rank]->Tensor(job.param->name));
     FillSyntheticBox(job.param->name, job.param->global_shape, LocalBox(*job.param), version,
@@ -251,8 +268,11 @@ StatusOr<controller::VersionStatus> LocalSync::WaitVersion(uint64_t version, dou
 }
 
 StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
-  WSYNC_RETURN_IF_ERROR(FillShards(version));
+  UpdateReport report;
+  const auto fill_start = Clock::now();
+  WSYNC_RETURN_IF_ERROR(FillShards(version, &report.fill_bytes));
   const auto t0 = Clock::now();
+  report.fill_seconds = std::chrono::duration<double>(t0 - fill_start).count();
   WSYNC_RETURN_IF_ERROR(Publish(version));
   WSYNC_ASSIGN_OR_RETURN(controller::VersionStatus v, WaitVersion(version, options_.version_timeout_s + 30));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -263,7 +283,6 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
     StatusOr<controller::VersionStatus> again = client_->GetVersion(version);
     if (again.ok()) v = *again;
   }
-  UpdateReport report;
   report.version = version;
   report.seconds = seconds;
   for (const WriteOp& op : table_.ops) report.wire_bytes += op.bytes;
@@ -278,46 +297,75 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
 }
 
 Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_rank) const {
+  const auto start = Clock::now();
   const Reference reference(specs_.trainer, specs_.mapping);
-  std::atomic<uint64_t> tensors{0}, bytes{0};
-  Status s = ParallelFor(specs_.inference.ranks.size(), 2, [&](size_t r) -> Status {
-    const InferenceRank& rank = specs_.inference.ranks[r];
-    if (only_rank >= 0 && rank.rank != only_rank) return Status::Ok();
+  // Every rank's store, its version word checked before any byte.
+  std::vector<inference::EngineView> views;
+  std::vector<const InferenceRank*> ranks;
+  for (const InferenceRank& rank : specs_.inference.ranks) {
+    if (only_rank >= 0 && rank.rank != only_rank) continue;
     WSYNC_ASSIGN_OR_RETURN(inference::EngineView view, inference::EngineView::Open(InferenceShmName(rank.rank)));
     if (view.complete_version() != version) {
       return FailedPrecondition("inference rank " + std::to_string(rank.rank) + " reports complete version " +
                                 std::to_string(view.complete_version()) + ", expected " + std::to_string(version));
     }
-    auto compare = [&](const std::string& name, const std::vector<uint8_t>& want) -> Status {
-      const inference::EngineTensor* got = view.Find(name);
-      if (got == nullptr) return NotFound("inference rank " + std::to_string(rank.rank) + ": no tensor '" + name + "'");
-      if (got->bytes != want.size()) {
-        return FailedPrecondition("inference rank " + std::to_string(rank.rank) + ": tensor '" + name + "' holds " +
-                                  std::to_string(got->bytes) + " bytes, reference " + std::to_string(want.size()));
-      }
-      if (std::memcmp(got->data, want.data(), want.size()) != 0) {
-        size_t i = 0;
-        while (got->data[i] == want[i]) ++i;
-        char bytes_seen[48];
-        std::snprintf(bytes_seen, sizeof bytes_seen, " (got 0x%02x, want 0x%02x)", got->data[i], want[i]);
-        return FailedPrecondition("version " + std::to_string(version) + ": inference rank " +
-                                  std::to_string(rank.rank) + ": tensor '" + name +
-                                  "' differs from the reference at byte " + std::to_string(i) + bytes_seen);
-      }
-      ++tensors;
-      bytes += want.size();
-      return Status::Ok();
-    };
-    for (const InferenceTensor& t : rank.tensors) {
-      WSYNC_ASSIGN_OR_RETURN(ExpectedTensor want, reference.Expected(t, version));
-      WSYNC_RETURN_IF_ERROR(compare(t.name, want.weight));
-      if (t.scale) WSYNC_RETURN_IF_ERROR(compare(t.scale->name, want.scale));
+    views.push_back(std::move(view));
+    ranks.push_back(&rank);
+  }
+  // One group per engine tensor (name and expert range): the reference fuses
+  // and quantizes it once and cuts every rank's part from that copy.
+  struct Holder {
+    size_t rank;  // into views / ranks
+    const InferenceTensor* tensor;
+  };
+  std::vector<std::vector<Holder>> groups;
+  std::map<std::string, size_t> group_of;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const InferenceTensor& t : ranks[r]->tensors) {
+      std::string key = t.name;
+      if (t.experts) key += "#" + std::to_string(t.experts->start) + ":" + std::to_string(t.experts->end);
+      auto [it, added] = group_of.emplace(key, groups.size());
+      if (added) groups.emplace_back();
+      groups[it->second].push_back({r, &t});
+    }
+  }
+  std::atomic<uint64_t> tensors{0}, bytes{0};
+  auto compare = [&](size_t r, const std::string& name, const std::vector<uint8_t>& want) -> Status {
+    const int32_t rank = ranks[r]->rank;
+    const inference::EngineTensor* got = views[r].Find(name);
+    if (got == nullptr) return NotFound("inference rank " + std::to_string(rank) + ": no tensor '" + name + "'");
+    if (got->bytes != want.size()) {
+      return FailedPrecondition("inference rank " + std::to_string(rank) + ": tensor '" + name + "' holds " +
+                                std::to_string(got->bytes) + " bytes, reference " + std::to_string(want.size()));
+    }
+    if (std::memcmp(got->data, want.data(), want.size()) != 0) {
+      size_t i = 0;
+      while (got->data[i] == want[i]) ++i;
+      char bytes_seen[48];
+      std::snprintf(bytes_seen, sizeof bytes_seen, " (got 0x%02x, want 0x%02x)", got->data[i], want[i]);
+      return FailedPrecondition("version " + std::to_string(version) + ": inference rank " + std::to_string(rank) +
+                                ": tensor '" + name + "' differs from the reference at byte " + std::to_string(i) +
+                                bytes_seen);
+    }
+    ++tensors;
+    bytes += want.size();
+    return Status::Ok();
+  };
+  Status s = ParallelFor(groups.size(), DemoWorkers(), [&](size_t g) -> Status {
+    std::vector<const InferenceTensor*> same;
+    for (const Holder& h : groups[g]) same.push_back(h.tensor);
+    WSYNC_ASSIGN_OR_RETURN(std::vector<ExpectedTensor> want, reference.ExpectedOnRanks(same, version));
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const Holder& h = groups[g][i];
+      WSYNC_RETURN_IF_ERROR(compare(h.rank, h.tensor->name, want[i].weight));
+      if (h.tensor->scale) WSYNC_RETURN_IF_ERROR(compare(h.rank, h.tensor->scale->name, want[i].scale));
     }
     return Status::Ok();
   });
   if (report != nullptr) {
     report->verified_tensors = tensors;
     report->verified_bytes = bytes;
+    report->verify_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   return s;
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct LocalSyncOptions {
   std::vector<int32_t> absent_inference;                // never started
   std::map<int32_t, std::string> trainer_cluster;       // rank -> another cluster spec
   bool wait_ready = true;                               // Start() waits for every "ready"
+  // Start() says what it is doing here (one line each, no newline); `wsync
+  // demo` prints them with the time since start.
+  std::function<void(const std::string&)> progress;
 };
 
 struct StageTimes {
@@ -70,7 +74,15 @@ struct UpdateReport {
   nlohmann::json trainer_stats;    // as the trainer agents reported them
   uint64_t verified_tensors = 0;
   uint64_t verified_bytes = 0;
+  // The demo's own work around the update, timed so it can be told apart.
+  uint64_t fill_bytes = 0;         // synthetic trainer weights written into the shard exports
+  double fill_seconds = 0;         // FillShards
+  double verify_seconds = 0;       // Verify
 };
+
+// Threads the demo's own CPU work (synthetic weights, the reference) uses:
+// this machine's cores, at most 8 (each verifying thread holds up to ~150 MB).
+size_t DemoWorkers();
 
 class LocalSync {
  public:
@@ -81,13 +93,16 @@ class LocalSync {
 
   // One version end to end: fill every shard export, publish, wait for the
   // controller to call the version complete or failed. Does not verify.
+  // `seconds` counts from publish; the fill is `fill_seconds`.
   StatusOr<UpdateReport> Update(uint64_t version);
   // Checks every tensor of every inference rank (or only `only_rank`) bit
-  // for bit against the reference for `version`; fills the verified_* fields.
+  // for bit against the reference for `version`; fills the verified_* fields
+  // and verify_seconds. Each engine tensor's reference is computed once and
+  // cut for every rank that holds a part of it.
   Status Verify(uint64_t version, UpdateReport* report, int32_t only_rank = -1) const;
 
   // Pieces, for the integration tests.
-  Status FillShards(uint64_t version);
+  Status FillShards(uint64_t version, uint64_t* bytes = nullptr);
   Status Publish(uint64_t version);
   StatusOr<controller::VersionStatus> WaitVersion(uint64_t version, double timeout_s);
   void KillTrainerAgent(int32_t rank, int signal = 9);

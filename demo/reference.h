@@ -5,6 +5,13 @@
 // Deliberately shares nothing with the planner or the trainer pipeline: it
 // reads the mapping rule and evaluates it on whole tensors, the simple way.
 // Used by the demo and the integration tests to check every byte.
+//
+// The synthetic values come from SyntheticBf16, the definition, element by
+// element (not the fake trainer's FillSyntheticBox); fp8 blocks are
+// quantized by a plain encoder of its own (not pipeline/fp8.cc, which the
+// pipeline runs). An expert is generated on its own (never the whole
+// stacked tensor once per expert), and every rank's cut of one engine
+// tensor comes from a single fused, quantized copy.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +36,17 @@ class Reference {
 
   StatusOr<ExpectedTensor> Expected(const InferenceTensor& tensor, uint64_t version) const;
 
+  // The same engine tensor (one name, dtype and expert range) as several
+  // ranks hold it: fused and quantized once, then cut for each rank, in the
+  // order given.
+  StatusOr<std::vector<ExpectedTensor>> ExpectedOnRanks(const std::vector<const InferenceTensor*>& tensors,
+                                                        uint64_t version) const;
+
  private:
+  struct Unsliced;  // fused (and quantized) whole engine tensor; reference.cc
+  StatusOr<Unsliced> Build(const InferenceTensor& tensor, uint64_t version) const;
+  StatusOr<ExpectedTensor> Cut(const Unsliced& whole, const InferenceTensor& tensor) const;
+
   struct SourceInfo {
     Shape shape;
     DType dtype;

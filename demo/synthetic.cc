@@ -1,20 +1,6 @@
 #include "demo/synthetic.h"
 
-#include <cstring>
-
-#include "pipeline/fp8.h"
-
 namespace wsync::demo {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 uint64_t NameHash(std::string_view name) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -25,29 +11,31 @@ uint64_t NameHash(std::string_view name) {
   return h;
 }
 
-uint16_t SyntheticBf16(uint64_t name_hash, uint64_t flat_index, int64_t row, uint64_t version) {
-  const uint64_t u = SplitMix64(name_hash ^ (flat_index * 0xD1B54A32D192ED03ull) ^ (version * 0x8CB92BA72F3D8DD7ull));
-  const float unit = static_cast<float>(u >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
-  static constexpr float kRowScale[5] = {0.25f, 0.5f, 1.0f, 2.0f, 4.0f};
-  return Fp32ToBf16(unit * kRowScale[row % 5] * 0.05f);
-}
-
 void FillSyntheticBox(std::string_view name, const Shape& global_shape, const Box& box, uint64_t version,
                       uint16_t* out) {
+  using namespace synthetic_detail;
   const uint64_t h = NameHash(name);
+  const uint64_t version_key = version * kVersionMul;
   const int n = box.ndim;
   if (n == 0) return;
-  std::vector<int64_t> stride(n, 1);
-  for (int d = n - 2; d >= 0; --d) stride[d] = stride[d + 1] * global_shape[d + 1];
   const int64_t total = box.NumElements();
   if (total == 0) return;
-  std::vector<int64_t> idx(n, 0);  // position inside the box
-  const int row_dim = n >= 2 ? n - 2 : 0;
-  for (int64_t k = 0; k < total; ++k) {
-    uint64_t flat = 0;
-    for (int d = 0; d < n; ++d) flat += static_cast<uint64_t>((box.offset[d] + idx[d]) * stride[d]);
-    out[k] = SyntheticBf16(h, flat, n >= 2 ? box.offset[row_dim] + idx[row_dim] : 0, version);
-    for (int d = n - 1; d >= 0; --d) {
+  std::vector<int64_t> stride(n, 1);
+  for (int d = n - 2; d >= 0; --d) stride[d] = stride[d + 1] * global_shape[d + 1];
+  // One box row (along the last dim) at a time: its global indices are
+  // consecutive and it lies in a single row of the second-to-last dim.
+  const int64_t cols = box.size[n - 1];
+  const int64_t lines = total / cols;
+  std::vector<int64_t> idx(n, 0);  // position inside the box, last dim unused
+  for (int64_t line = 0; line < lines; ++line) {
+    uint64_t base = static_cast<uint64_t>(box.offset[n - 1]);
+    for (int d = 0; d < n - 1; ++d) base += static_cast<uint64_t>((box.offset[d] + idx[d]) * stride[d]);
+    const float row_scale = n >= 2 ? kRowScale[(box.offset[n - 2] + idx[n - 2]) % 5] : kRowScale[0];
+    uint16_t* dst = out + line * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[c] = RoundToBf16(SyntheticValue(h, base + static_cast<uint64_t>(c), row_scale, version_key));
+    }
+    for (int d = n - 2; d >= 0; --d) {
       if (++idx[d] < box.size[d]) break;
       idx[d] = 0;
     }

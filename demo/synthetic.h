@@ -3,8 +3,14 @@
 // at every version is a pure function of (name, global index, version), so
 // a fake trainer can fill its shard and the reference checker can build the
 // full tensor without either seeing the other.
+//
+// SyntheticBf16 is the definition, one element at a time; the reference
+// (demo/reference.cc) evaluates it that way. FillSyntheticBox is the fast
+// path the fake trainer fills ~1 GB with per version: one index computation
+// per row instead of per element, the same values (tests/demo pins that).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -16,10 +22,43 @@ namespace wsync::demo {
 
 uint64_t NameHash(std::string_view name);
 
+namespace synthetic_detail {
+
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+inline constexpr uint64_t kIndexMul = 0xD1B54A32D192ED03ull;
+inline constexpr uint64_t kVersionMul = 0x8CB92BA72F3D8DD7ull;
+inline constexpr float kRowScale[5] = {0.25f, 0.5f, 1.0f, 2.0f, 4.0f};
+
+// The element's value before rounding to bf16: (unit * row scale) * 0.05 in
+// that order, a magnitude below 0.2, never NaN or infinite.
+inline float SyntheticValue(uint64_t name_hash, uint64_t flat_index, float row_scale, uint64_t version_key) {
+  const uint64_t u = SplitMix64(name_hash ^ (flat_index * kIndexMul) ^ version_key);
+  const float unit = static_cast<float>(u >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+  return unit * row_scale * 0.05f;
+}
+
+// Round to nearest even; the values above are finite, so no NaN case
+// (pipeline/fp8.h's Fp32ToBf16 gives the same bits for them).
+inline uint16_t RoundToBf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+}  // namespace synthetic_detail
+
 // bf16 bits of element `flat_index` (row-major in the global tensor) whose
 // second-to-last-dim index is `row`. Magnitudes vary by row so fp8 blocks get
 // different scales.
-uint16_t SyntheticBf16(uint64_t name_hash, uint64_t flat_index, int64_t row, uint64_t version);
+inline uint16_t SyntheticBf16(uint64_t name_hash, uint64_t flat_index, int64_t row, uint64_t version) {
+  using namespace synthetic_detail;
+  return RoundToBf16(SyntheticValue(name_hash, flat_index, kRowScale[row % 5], version * kVersionMul));
+}
 
 // Fills `out` (row-major over `box`) with the synthetic values of `box` of a
 // tensor of `global_shape`.

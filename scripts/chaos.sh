@@ -12,5 +12,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "chaos: building wsync (scripts/build.sh)"
-bash scripts/build.sh >/dev/null
+bash scripts/build.sh wsync
 exec build/cli/wsync chaos "$@"

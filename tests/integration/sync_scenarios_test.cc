@@ -67,6 +67,53 @@ TEST(SyncScenarios, ThreeUpdatesInARowLandBitForBit) {
   EXPECT_FALSE(s->Verify(2, nullptr).ok());
 }
 
+// Verification stays honest however fast it is: one wrong bit anywhere (a
+// weight's first byte, another rank's last byte, an fp8 block scale) fails
+// it, naming the rank, the tensor and the byte; put back, it passes again.
+TEST(SyncScenarios, VerificationCatchesASingleWrongByte) {
+  auto s = StartOrDie(Options("wrongbyte"));
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+  struct Spot {
+    int32_t rank;
+    std::string tensor;
+    uint64_t byte;
+  };
+  std::vector<Spot> spots;
+  {
+    StatusOr<inference::EngineView> v0 = inference::EngineView::Open(s->InferenceShmName(0));
+    StatusOr<inference::EngineView> v1 = inference::EngineView::Open(s->InferenceShmName(1));
+    ASSERT_TRUE(v0.ok() && v1.ok());
+    const inference::EngineTensor& first = v0->tensors().front();
+    const inference::EngineTensor& last = v1->tensors().back();
+    spots.push_back({0, first.name, 0});
+    spots.push_back({1, last.name, last.bytes - 1});
+    for (const inference::EngineTensor& t : v1->tensors()) {
+      if (t.name.find("_scale_inv") != std::string::npos && t.bytes > 8) {
+        spots.push_back({1, t.name, t.bytes / 2});
+        break;
+      }
+    }
+    ASSERT_EQ(spots.size(), 3u) << "the small fp8 model has block scales";
+  }
+  for (const Spot& spot : spots) {
+    StatusOr<inference::EngineView> view = inference::EngineView::Open(s->InferenceShmName(spot.rank), true);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    const inference::EngineTensor* t = view->Find(spot.tensor);
+    ASSERT_NE(t, nullptr);
+    t->data[spot.byte] ^= 0x01;
+    Status bad = s->Verify(1, nullptr);
+    EXPECT_FALSE(bad.ok()) << "a flipped bit in rank " << spot.rank << " '" << spot.tensor << "' byte " << spot.byte;
+    EXPECT_NE(bad.message().find("inference rank " + std::to_string(spot.rank) + ": tensor '" + spot.tensor +
+                                 "' differs from the reference at byte " + std::to_string(spot.byte) + " "),
+              std::string::npos)
+        << bad.message();
+    t->data[spot.byte] ^= 0x01;
+    Status good = s->Verify(1, nullptr);
+    EXPECT_TRUE(good.ok()) << good.ToString();
+  }
+}
+
 TEST(SyncScenarios, KilledTrainerAgentFailsItsVersionNamingItAndARestartRecovers) {
   auto s = StartOrDie(Options("kill"));
   ASSERT_NE(s, nullptr);
