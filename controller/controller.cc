@@ -542,6 +542,21 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
                               std::to_string(rank) + " holds the plan slice of epoch " + std::to_string(epoch) +
                               ", the controller serves epoch " + std::to_string(epoch_) +
                               " (an inference rank registered again); fetch the plan slice again");
+  // One version in flight: the first start of v is refused (503) while an
+  // older one runs. Its writes would otherwise land in memory where the
+  // older version's last writes are still arriving (trainer ranks leave a
+  // version at different times), and a version called complete could hold
+  // bytes of the next. The older one finishes by its deadline at the latest;
+  // the trainer asks again (trainer_agent::StartVersion), holding no server
+  // thread meanwhile.
+  if (versions_.Find(v) == nullptr) {
+    for (const auto& [u, rec] : versions_.records()) {
+      if (u >= v || rec.finished()) continue;
+      return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
+                         " has not finished; trainer rank " + std::to_string(rank) + " starts version " +
+                         std::to_string(v) + " once it has");
+    }
+  }
   const bool known = versions_.Find(v) != nullptr;
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
   if (!known) {

@@ -85,7 +85,9 @@ class Controller {
   // `epoch` is the registration epoch of the trainer's plan slice (0: not
   // checked, for callers that predate epochs); an older one than the
   // controller's is refused with a FailedPrecondition whose message starts
-  // with kStaleEpochPrefix: the trainer must fetch its slice again.
+  // with kStaleEpochPrefix: the trainer must fetch its slice again. While a
+  // version older than v runs, v's first start is refused with Unavailable
+  // (kOlderRunningPrefix): one version in flight.
   StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank, uint64_t epoch = 0);
   // `stats` (trainer only): the executor's report, shown in the version object.
   StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,

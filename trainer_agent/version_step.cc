@@ -1,5 +1,9 @@
 #include "trainer_agent/version_step.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace wsync::trainer_agent {
 namespace {
 
@@ -12,6 +16,20 @@ void Log(const std::function<void(const std::string&)>& log, const std::string& 
 VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v, uint64_t epoch,
                              const std::function<void(const std::string&)>& log, Status* why) {
   StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank, epoch);
+  // The previous version is still landing elsewhere: ask again until it has
+  // finished (it does by its deadline), backing off to 200 ms.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  bool told = false;
+  for (auto pause = std::chrono::milliseconds(5);
+       !started.ok() && started.status().code() == StatusCode::kUnavailable &&
+       started.status().message().find(controller::kOlderRunningPrefix) != std::string::npos &&
+       std::chrono::steady_clock::now() < give_up;
+       pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+    if (!told) Log(log, "version " + std::to_string(v) + ": waiting: " + started.status().message());
+    told = true;
+    std::this_thread::sleep_for(pause);
+    started = client.StartVersion(v, rank, epoch);
+  }
   if (started.ok()) return VersionDecision::kRun;
   if (started.status().code() == StatusCode::kFailedPrecondition &&
       started.status().message().find(controller::kStaleEpochPrefix) != std::string::npos) {

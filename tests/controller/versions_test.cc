@@ -81,6 +81,36 @@ TEST_F(ControllerTest, FailureNamesTheRankAndIsFinal) {
   EXPECT_TRUE(client_->ReportInferenceDone(4, 1, Status::Ok())->complete());
 }
 
+// One version in flight: while version 1 still lands somewhere, version 2
+// does not start (its writes would meet version 1's last ones in the same
+// memory); every rank of version 1 may still call start for it, and once
+// it finished, complete or failed, version 2 starts.
+TEST_F(ControllerTest, NextVersionStartsOnlyOnceThePreviousFinished) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 0, Status::Ok()).ok());
+  StatusOr<VersionStatus> early = client_->StartVersion(2, 0);  // rank 0 is through version 1 first
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(early.status().message().find(kOlderRunningPrefix), std::string::npos) << early.status().ToString();
+  EXPECT_NE(early.status().message().find("version 1 has not finished"), std::string::npos) << early.status().ToString();
+  EXPECT_EQ(client_->GetVersion(2).status().code(), StatusCode::kNotFound) << "a refused start starts nothing";
+  ASSERT_TRUE(client_->StartVersion(1, 1).ok()) << "a rank late into the running version is not held back";
+
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 1, Status::Ok()).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 0, Status::Ok()).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 1, Status::Ok())->complete());
+  StatusOr<VersionStatus> v2 = client_->StartVersion(2, 0);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ(v2->state, "started");
+
+  // A failed version releases the next as well.
+  ASSERT_FALSE(client_->StartVersion(3, 0).ok());
+  ASSERT_TRUE(client_->ReportFailure(2, Role::kInference, 1, "immediate count short by 2").ok());
+  EXPECT_TRUE(client_->StartVersion(3, 0).ok());
+}
+
 TEST_F(ControllerTest, VersionPastItsDeadlineFailsAndNeverCompletes) {
   ControllerOptions o = Options();
   o.version_timeout_s = 1.0;  // long enough for the first report on a loaded machine
