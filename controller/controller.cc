@@ -171,27 +171,82 @@ void Controller::InstallPlanLocked(std::shared_ptr<const PlanState> plan) {
   cv_.notify_all();
 }
 
-Status Controller::MaybePlanLocked() {
-  if (planned_ || static_cast<int32_t>(trainers_.ranks().size()) < options_.trainers ||
-      static_cast<int32_t>(inference_ranks_.size()) < options_.inference)
-    return Status::Ok();
-  WSYNC_ASSIGN_OR_RETURN(AssembledWorld world,
-                         AssembleWorld(trainers_.ranks(), trainers_.mesh_groups(), inference_ranks_));
-  std::string plan_text;
-  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const PlanState> plan,
-                         BuildPlan(world.trainer, world.inference, world.trainer_json, world.inference_json,
-                                   &plan_text));
-  // Persist first: a plan agents act on must survive a restart.
-  PersistedWorld persisted{options_.trainers, options_.inference, world.trainer_json,
-                           world.inference_json, ToJson(options_.mapping), plan->plan_id};
-  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, plan_text));
-  InstallPlanLocked(plan);
-  assembly_error_.clear();
-  Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
-      std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
-      std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
-      " bytes per update");
-  return Status::Ok();
+bool Controller::WorldFullLocked() const {
+  return static_cast<int32_t>(trainers_.ranks().size()) >= options_.trainers &&
+         static_cast<int32_t>(inference_ranks_.size()) >= options_.inference;
+}
+
+void Controller::WaitCommitLocked(std::unique_lock<std::mutex>& lock) {
+  cv_.wait(lock, [&] { return !committing_ || shutdown_; });
+}
+
+Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
+  if (planned_ || planning_ || !WorldFullLocked()) return Status::Ok();
+  planning_ = true;
+  Status result = Status::Ok();
+  int passes = 0;
+  while (!shutdown_ && !planned_ && WorldFullLocked()) {
+    ++passes;
+    // The snapshot shares the registration documents: O(ranks) under the lock.
+    const uint64_t gen = registrations_gen_;
+    const RankJsons trainer_ranks = trainers_.ranks();
+    const json mesh_groups = trainers_.mesh_groups();
+    const RankJsons inference_ranks = inference_ranks_;
+    lock.unlock();
+    if (options_.planning_hook) options_.planning_hook();
+    const Clock::time_point t_hook = Clock::now();
+    StatusOr<AssembledWorld> world = AssembleWorld(trainer_ranks, mesh_groups, inference_ranks);
+    const Clock::time_point t_assembled = Clock::now();
+    std::string plan_text;
+    StatusOr<std::shared_ptr<const PlanState>> plan =
+        world.ok() ? BuildPlan(world->trainer, world->inference, world->trainer_json, world->inference_json,
+                               &plan_text)
+                   : StatusOr<std::shared_ptr<const PlanState>>(world.status());
+    const Clock::time_point t_planned = Clock::now();
+    lock.lock();
+    if (registrations_gen_ != gen) continue;  // a rank registered again meanwhile: plan what is there now
+    if (!plan.ok()) {
+      result = plan.status();
+      break;
+    }
+    // Persist first: a plan agents act on must survive a restart. Nothing
+    // else writes the store before the plan exists; registrations arriving
+    // now wait for the plan (WaitCommitLocked).
+    committing_ = true;
+    lock.unlock();
+    PersistedWorld persisted{options_.trainers, options_.inference, world->trainer_json,
+                             world->inference_json, ToJson(options_.mapping), (*plan)->plan_id};
+    Status saved = store_.SaveWorld(persisted, plan_text);
+    const Clock::time_point t_saved = Clock::now();
+    lock.lock();
+    committing_ = false;
+    if (!saved.ok()) {
+      result = saved;
+      break;
+    }
+    plan_seconds_ = std::chrono::duration<double>(t_saved - t_hook).count();
+    assemble_seconds_ = std::chrono::duration<double>(t_assembled - t_hook).count();
+    persist_seconds_ = std::chrono::duration<double>(t_saved - t_planned).count();
+    InstallPlanLocked(std::move(plan).value());
+    assembly_error_.clear();
+    // The plan's specs are what counts from now on (re-registrations are
+    // checked against them); the registration documents are not needed.
+    trainers_ = TrainerRegistry(options_.trainers);
+    inference_ranks_.clear();
+    char secs[96];
+    std::snprintf(secs, sizeof(secs), "%.3f s (assemble %.3f s, plan %.3f s, persist %.3f s)", plan_seconds_,
+                  assemble_seconds_, plan_seconds_ - assemble_seconds_ - persist_seconds_, persist_seconds_);
+    Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
+        std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
+        std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
+        " bytes per update; planned in " + secs +
+        (passes > 1 ? ", " + std::to_string(passes) + " passes (ranks registered again meanwhile)"
+                    : std::string()));
+  }
+  planning_ = false;
+  cv_.notify_all();
+  if (result.ok() && shutdown_ && !planned_) return Aborted("controller is shutting down");
+  return result;
 }
 
 bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& error) {
@@ -201,6 +256,7 @@ bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& e
   if (at_fault == role && culprit->rank == rank) return false;
   if (at_fault == Role::kTrainer) trainers_.Remove(culprit->rank);
   else inference_ranks_.erase(culprit->rank);
+  ++registrations_gen_;
   rejected_[{at_fault, culprit->rank}] = error;
   RecordErrorLocked(at_fault, culprit->rank, error + " (registration dropped when the world was assembled)");
   cv_.notify_all();  // its agent may be waiting for the plan
@@ -291,7 +347,8 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
 }
 
 StatusOr<json> Controller::RegisterTrainer(const json& body) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitCommitLocked(lock);
   TickLocked(Clock::now());
   const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
                            ? body["rank"].get<int32_t>() : -1;
@@ -312,7 +369,7 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   // it against the others only, and put the old one back on error.
   std::optional<TrainerRegistration> old;
   if (auto it = trainers_.ranks().find(peek); it != trainers_.ranks().end()) {
-    old = TrainerRegistration{peek, it->second, trainers_.mesh_groups()};
+    old = TrainerRegistration{peek, *it->second, trainers_.mesh_groups()};
     trainers_.Remove(peek);
   }
   StatusOr<TrainerRegistration> reg = trainers_.Check(body);
@@ -323,17 +380,26 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   }
   const int32_t rank = reg->rank;
   trainers_.Add(std::move(reg).value());
+  ++registrations_gen_;
+  const RankJson mine = trainers_.ranks().at(rank);
   Log("registered trainer rank " + std::to_string(rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
   rejected_.erase({Role::kTrainer, rank});
-  Status planned = MaybePlanLocked();
+  Status planned = MaybePlanLocked(lock);
   if (!planned.ok()) {
+    if (planned.code() == StatusCode::kAborted) return planned;
     assembly_error_ = planned.message();
     if (DropCulpritLocked(Role::kTrainer, rank, planned.message()))
       return RegisterReplyLocked(Role::kTrainer, rank);
-    trainers_.Remove(rank);
-    if (old) trainers_.Add(*old);
+    // This registration completed a world that does not plan: drop it (if
+    // it is still the one registered: the rank may have registered again
+    // while the world was planned).
+    if (auto it = trainers_.ranks().find(rank); it != trainers_.ranks().end() && it->second == mine) {
+      trainers_.Remove(rank);
+      if (old) trainers_.Add(*old);
+      ++registrations_gen_;
+    }
     RecordErrorLocked(Role::kTrainer, rank, planned.message());
     return planned;
   }
@@ -341,9 +407,12 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
 }
 
 StatusOr<json> Controller::RegisterInference(const json& body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TickLocked(Clock::now());
+  // An inference rank is checked on its own (the strict loader and
+  // validator), so without the lock.
   StatusOr<int32_t> rank = CheckInferenceRegistration(body, options_.inference);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitCommitLocked(lock);
+  TickLocked(Clock::now());
   if (!rank.ok()) {
     const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
                              ? body["rank"].get<int32_t>() : -1;
@@ -355,20 +424,26 @@ StatusOr<json> Controller::RegisterInference(const json& body) {
     if (!reply.ok()) RecordErrorLocked(Role::kInference, *rank, reply.status().message());
     return reply;
   }
-  std::optional<json> old;
+  RankJson old;
   if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end()) old = it->second;
-  inference_ranks_[*rank] = body;
+  const RankJson mine = std::make_shared<const json>(body);
+  inference_ranks_[*rank] = mine;
+  ++registrations_gen_;
   Log("registered inference rank " + std::to_string(*rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
   rejected_.erase({Role::kInference, *rank});
-  Status planned = MaybePlanLocked();
+  Status planned = MaybePlanLocked(lock);
   if (!planned.ok()) {
+    if (planned.code() == StatusCode::kAborted) return planned;
     assembly_error_ = planned.message();
     if (DropCulpritLocked(Role::kInference, *rank, planned.message()))
       return RegisterReplyLocked(Role::kInference, *rank);
-    if (old) inference_ranks_[*rank] = *old;
-    else inference_ranks_.erase(*rank);
+    if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end() && it->second == mine) {
+      if (old) it->second = old;
+      else inference_ranks_.erase(it);
+      ++registrations_gen_;
+    }
     RecordErrorLocked(Role::kInference, *rank, planned.message());
     return planned;
   }
@@ -394,6 +469,7 @@ std::string Controller::MissingTextLocked() const {
 
 std::string Controller::PhaseLocked() const {
   if (planned_) return "planned";
+  if (planning_) return "planning";
   return world_timed_out_ ? "failed_to_assemble" : "assembling";
 }
 
@@ -421,6 +497,8 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
   }
   if (shutdown_) return Aborted("controller is shutting down");
+  if (!planned_ && planning_)
+    return FailedPrecondition("world complete, plan being computed (phase planning); ask again");
   if (!planned_) {
     std::string msg = "world incomplete: " + MissingTextLocked();
     if (world_timed_out_) msg += " (world timeout of " + FormatSeconds(options_.world_timeout_s) + " s passed)";
@@ -612,7 +690,7 @@ void Controller::Tick() {
 }
 
 void Controller::TickLocked(Clock::time_point now) {
-  if (!planned_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
+  if (!planned_ && !planning_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
     world_timed_out_ = true;
     Log("failed to assemble the world within " + FormatSeconds(options_.world_timeout_s) + " s: " +
         MissingTextLocked() + " (still accepting registrations)");
