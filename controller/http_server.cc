@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 
@@ -255,12 +256,22 @@ Status HttpServer::Start() {
   const size_t threads = static_cast<size_t>(std::max(options_.threads, 4));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_keep_alive_timeout(2);
+  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled
+  // into Debian's libcpp-httplib). Hundreds of agents connecting at once
+  // overflow it, and the connections the kernel then drops reach the agents
+  // as read errors. Remember the listening socket and widen its backlog.
+  server_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   InstallRoutes();
   port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
                              : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   if (port_ < 0)
     return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
                        " (address in use, or not an address of this host)");
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
+    return Unavailable("cannot widen the listen backlog on " + address() + ": " + std::strerror(errno));
   listener_ = std::thread([this] { server_->listen_after_bind(); });
   // Connections queue in the backlog from bind on; waiting for the loop
   // only makes Start() mean "serving" for callers that check is_running.
