@@ -158,6 +158,15 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   plan->inference_json = inference_json;
   plan->table = std::move(table).value();
   plan->summary = Summarize(plan->table, LinkModel{});
+  plan->ops_by_trainer.resize(trainer.ranks.size());
+  plan->ops_by_inference.resize(inference.ranks.size());
+  for (size_t i = 0; i < plan->table.ops.size(); ++i) {
+    const WriteOp& op = plan->table.ops[i];
+    if (op.src_rank >= 0 && static_cast<size_t>(op.src_rank) < plan->ops_by_trainer.size())
+      plan->ops_by_trainer[op.src_rank].push_back(static_cast<uint32_t>(i));
+    if (op.dst_rank >= 0 && static_cast<size_t>(op.dst_rank) < plan->ops_by_inference.size())
+      plan->ops_by_inference[op.dst_rank].push_back(static_cast<uint32_t>(i));
+  }
   *plan_text = PlanToJson(plan->table).dump();
   plan->plan_id = PlanDigest(*plan_text);
   return std::shared_ptr<const PlanState>(std::move(plan));
@@ -482,6 +491,12 @@ json Controller::WorldSummary() {
 }
 
 StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wait) {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> text, PlanSliceText(role, rank, wait));
+  return json::parse(*text);
+}
+
+StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role, int32_t rank,
+                                                                       Clock::duration wait) {
   std::unique_lock<std::mutex> lock(mu_);
   const int32_t n = role == Role::kTrainer ? options_.trainers : options_.inference;
   if (rank < 0 || rank >= n)
@@ -506,7 +521,7 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     return FailedPrecondition(msg);
   }
   auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
-  if (auto it = cache.find(rank); it != cache.end()) return json::parse(it->second);
+  if (auto it = cache.find(rank); it != cache.end()) return it->second;
   // Extract without the lock: the plan is immutable and shared.
   const std::shared_ptr<const PlanState> plan = plan_;
   const uint64_t epoch = epoch_;  // changes only with plan_
@@ -517,15 +532,16 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
                 {"plan_id", plan->plan_id},
                 {"epoch", epoch}};
   if (role == Role::kTrainer) {
-    StatusOr<TrainerRankPlan> rank_plan = ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank);
+    StatusOr<TrainerRankPlan> rank_plan =
+        ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank, &plan->ops_by_trainer[rank]);
     if (!rank_plan.ok())
       return Internal("trainer rank " + std::to_string(rank) + ": " + rank_plan.status().message());
     slice["plan"] = ToJson(*rank_plan);
   } else {
-    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank);
+    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank, &plan->ops_by_inference[rank]);
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
-    for (const WriteOp& op : plan->table.ops) {
-      if (op.dst_rank != rank) continue;
+    for (uint32_t i : plan->ops_by_inference[rank]) {
+      const WriteOp& op = plan->table.ops[i];
       by_trainer[op.src_rank].first += 1;
       by_trainer[op.src_rank].second += op.bytes;
     }
@@ -537,10 +553,11 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     slice["writes_by_trainer"] = std::move(per);
     slice["plan"] = ToJson(rank_plan);
   }
-  std::string text = slice.dump();
+  auto text = std::make_shared<const std::string>(slice.dump());
+  slice = json();  // free the tree before taking the lock
   lock.lock();
-  if (plan_ == plan) cache.emplace(rank, std::move(text));
-  return slice;
+  if (plan_ == plan) cache.emplace(rank, text);
+  return text;
 }
 
 void Controller::KvSet(const std::string& key, std::string value) {

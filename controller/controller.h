@@ -75,6 +75,8 @@ class Controller {
   // A rank's plan slice, waiting up to `wait` for the world. While the world
   // is incomplete: FailedPrecondition naming the missing ranks.
   StatusOr<nlohmann::json> PlanSlice(Role role, int32_t rank, Clock::duration wait);
+  // The same slice as the text served (built once per rank, then shared).
+  StatusOr<std::shared_ptr<const std::string>> PlanSliceText(Role role, int32_t rank, Clock::duration wait);
   // {"phase", "missing": {"trainer": [...], "inference": [...]}}
   nlohmann::json WorldSummary();
 
@@ -203,6 +205,10 @@ class Controller {
     RoutingTable table;
     PlanSummary summary;
     std::string plan_id;
+    // Indices into table.ops by sender and by receiver rank, so each slice
+    // is extracted in time of its own share (384 slices at Kimi-K2 scale
+    // would otherwise each scan ~1M writes).
+    std::vector<std::vector<uint32_t>> ops_by_trainer, ops_by_inference;
   };
   // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
   StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
@@ -226,8 +232,8 @@ class Controller {
   std::shared_ptr<const PlanState> plan_ WSYNC_GUARDED_BY(mu_);
   // Slices are built on first request and kept: every agent asks once, and
   // after a restart again.
-  std::map<int32_t, std::string> trainer_slices_ WSYNC_GUARDED_BY(mu_);
-  std::map<int32_t, std::string> inference_slices_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, std::shared_ptr<const std::string>> trainer_slices_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, std::shared_ptr<const std::string>> inference_slices_ WSYNC_GUARDED_BY(mu_);
 
   VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
   // When each rank that sends heartbeats was last heard from, and the ranks

@@ -150,9 +150,14 @@ void HttpServer::InstallRoutes() {
   });
 
   s.Get("/v1/plan", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> slice = HandlePlan(*c, req.get_param_value("role"), req.get_param_value("rank"),
-                                      WaitParam(Param(req, "wait_ms"), 0));
-    if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return Send(res, slice);
+    StatusOr<std::shared_ptr<const std::string>> slice =
+        HandlePlanText(*c, req.get_param_value("role"), req.get_param_value("rank"),
+                       WaitParam(Param(req, "wait_ms"), 0));
+    if (slice.ok()) {  // the cached text, not re-encoded
+      res.status = 200;
+      return res.set_content(**slice, "application/json");
+    }
+    if (slice.status().code() != StatusCode::kFailedPrecondition) return SendError(res, slice.status());
     json body = c->WorldSummary();
     body["error"] = slice.status().message();
     SendJson(res, 409, body);
