@@ -142,8 +142,8 @@ Status Controller::LoadStateLocked() {
 }
 
 StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
-    const TrainerSpec& trainer, const InferenceSpec& inference, const json& trainer_json,
-    const json& inference_json, std::string* plan_text) const {
+    const TrainerSpec& trainer, const InferenceSpec& inference, json trainer_json, json inference_json,
+    std::string* plan_text) const {
   PlanOptions plan_options;
   plan_options.validate = false;  // the specs come from the strict loaders, which validate
   plan_options.trainer_source = "trainer registrations";  // CulpritOf reads these prefixes
@@ -154,8 +154,8 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   auto plan = std::make_shared<PlanState>();
   plan->trainer = trainer;
   plan->inference = inference;
-  plan->trainer_json = trainer_json;
-  plan->inference_json = inference_json;
+  plan->trainer_json = std::move(trainer_json);
+  plan->inference_json = std::move(inference_json);
   plan->table = std::move(table).value();
   plan->summary = Summarize(plan->table, LinkModel{});
   plan->ops_by_trainer.resize(trainer.ranks.size());
@@ -198,9 +198,9 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     ++passes;
     // The snapshot shares the registration documents: O(ranks) under the lock.
     const uint64_t gen = registrations_gen_;
-    const RankJsons trainer_ranks = trainers_.ranks();
+    RankJsons trainer_ranks = trainers_.ranks();
     const json mesh_groups = trainers_.mesh_groups();
-    const RankJsons inference_ranks = inference_ranks_;
+    RankJsons inference_ranks = inference_ranks_;
     lock.unlock();
     if (options_.planning_hook) options_.planning_hook();
     const Clock::time_point t_hook = Clock::now();
@@ -208,8 +208,8 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     const Clock::time_point t_assembled = Clock::now();
     std::string plan_text;
     StatusOr<std::shared_ptr<const PlanState>> plan =
-        world.ok() ? BuildPlan(world->trainer, world->inference, world->trainer_json, world->inference_json,
-                               &plan_text)
+        world.ok() ? BuildPlan(world->trainer, world->inference, std::move(world->trainer_json),
+                               std::move(world->inference_json), &plan_text)
                    : StatusOr<std::shared_ptr<const PlanState>>(world.status());
     const Clock::time_point t_planned = Clock::now();
     lock.lock();
@@ -223,10 +223,16 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     // now wait for the plan (WaitCommitLocked).
     committing_ = true;
     lock.unlock();
-    PersistedWorld persisted{options_.trainers, options_.inference, world->trainer_json,
-                             world->inference_json, ToJson(options_.mapping), (*plan)->plan_id};
+    PersistedWorld persisted{options_.trainers, options_.inference, (*plan)->trainer_json,
+                             (*plan)->inference_json, ToJson(options_.mapping), (*plan)->plan_id};
     Status saved = store_.SaveWorld(persisted, plan_text);
     const Clock::time_point t_saved = Clock::now();
+    // What only this pass needed goes before the lock is taken again.
+    persisted = PersistedWorld{};
+    plan_text = std::string();
+    world = Aborted("released");
+    trainer_ranks.clear();
+    inference_ranks.clear();
     lock.lock();
     committing_ = false;
     if (!saved.ok()) {
@@ -240,6 +246,9 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     assembly_error_.clear();
     // The plan's specs are what counts from now on (re-registrations are
     // checked against them); the registration documents are not needed.
+    // Freed here, under the lock: freed later, from another thread, it
+    // competed for malloc's arenas with the slices being built and delayed
+    // this reply by tens of seconds at Kimi-K2 scale.
     trainers_ = TrainerRegistry(options_.trainers);
     inference_ranks_.clear();
     char secs[96];

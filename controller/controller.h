@@ -212,8 +212,7 @@ class Controller {
   };
   // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
   StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
-                                                       const nlohmann::json& trainer_json,
-                                                       const nlohmann::json& inference_json,
+                                                       nlohmann::json trainer_json, nlohmann::json inference_json,
                                                        std::string* plan_text) const;
   void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
 
