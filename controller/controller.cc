@@ -246,9 +246,9 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     assembly_error_.clear();
     // The plan's specs are what counts from now on (re-registrations are
     // checked against them); the registration documents are not needed.
-    // Freed here, under the lock: freed later, from another thread, it
-    // competed for malloc's arenas with the slices being built and delayed
-    // this reply by tens of seconds at Kimi-K2 scale.
+    // Freed here, under the lock: freeing them after unlocking, while the
+    // 384 slices were being built, delayed this reply by ~40 s in one
+    // bench run at Kimi-K2 scale (malloc arena contention, most likely).
     trainers_ = TrainerRegistry(options_.trainers);
     inference_ranks_.clear();
     char secs[96];
