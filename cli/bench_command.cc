@@ -11,6 +11,7 @@ void AddBenchCommand(CLI::App& app) {
   AddBenchPlan(*bench);
   AddBenchTransport(*bench);
   AddBenchCluster(*bench);
+  AddBenchController(*bench);
 }
 
 }  // namespace wsync::cli

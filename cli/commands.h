@@ -25,5 +25,6 @@ void AddBenchCommand(CLI::App& app);
 void AddBenchPlan(CLI::App& bench);       // cli/bench_plan.cc
 void AddBenchTransport(CLI::App& bench);  // cli/bench_transport.cc
 void AddBenchCluster(CLI::App& bench);    // cli/bench_cluster.cc
+void AddBenchController(CLI::App& bench); // cli/bench_controller.cc
 
 }  // namespace wsync::cli

@@ -142,8 +142,8 @@ Status Controller::LoadStateLocked() {
 }
 
 StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
-    const TrainerSpec& trainer, const InferenceSpec& inference, const json& trainer_json,
-    const json& inference_json, std::string* plan_text) const {
+    const TrainerSpec& trainer, const InferenceSpec& inference, json trainer_json, json inference_json,
+    std::string* plan_text) const {
   PlanOptions plan_options;
   plan_options.validate = false;  // the specs come from the strict loaders, which validate
   plan_options.trainer_source = "trainer registrations";  // CulpritOf reads these prefixes
@@ -154,10 +154,19 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   auto plan = std::make_shared<PlanState>();
   plan->trainer = trainer;
   plan->inference = inference;
-  plan->trainer_json = trainer_json;
-  plan->inference_json = inference_json;
+  plan->trainer_json = std::move(trainer_json);
+  plan->inference_json = std::move(inference_json);
   plan->table = std::move(table).value();
   plan->summary = Summarize(plan->table, LinkModel{});
+  plan->ops_by_trainer.resize(trainer.ranks.size());
+  plan->ops_by_inference.resize(inference.ranks.size());
+  for (size_t i = 0; i < plan->table.ops.size(); ++i) {
+    const WriteOp& op = plan->table.ops[i];
+    if (op.src_rank >= 0 && static_cast<size_t>(op.src_rank) < plan->ops_by_trainer.size())
+      plan->ops_by_trainer[op.src_rank].push_back(static_cast<uint32_t>(i));
+    if (op.dst_rank >= 0 && static_cast<size_t>(op.dst_rank) < plan->ops_by_inference.size())
+      plan->ops_by_inference[op.dst_rank].push_back(static_cast<uint32_t>(i));
+  }
   *plan_text = PlanToJson(plan->table).dump();
   plan->plan_id = PlanDigest(*plan_text);
   return std::shared_ptr<const PlanState>(std::move(plan));
@@ -171,27 +180,91 @@ void Controller::InstallPlanLocked(std::shared_ptr<const PlanState> plan) {
   cv_.notify_all();
 }
 
-Status Controller::MaybePlanLocked() {
-  if (planned_ || static_cast<int32_t>(trainers_.ranks().size()) < options_.trainers ||
-      static_cast<int32_t>(inference_ranks_.size()) < options_.inference)
-    return Status::Ok();
-  WSYNC_ASSIGN_OR_RETURN(AssembledWorld world,
-                         AssembleWorld(trainers_.ranks(), trainers_.mesh_groups(), inference_ranks_));
-  std::string plan_text;
-  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const PlanState> plan,
-                         BuildPlan(world.trainer, world.inference, world.trainer_json, world.inference_json,
-                                   &plan_text));
-  // Persist first: a plan agents act on must survive a restart.
-  PersistedWorld persisted{options_.trainers, options_.inference, world.trainer_json,
-                           world.inference_json, ToJson(options_.mapping), plan->plan_id};
-  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, plan_text));
-  InstallPlanLocked(plan);
-  assembly_error_.clear();
-  Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
-      std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
-      std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
-      " bytes per update");
-  return Status::Ok();
+bool Controller::WorldFullLocked() const {
+  return static_cast<int32_t>(trainers_.ranks().size()) >= options_.trainers &&
+         static_cast<int32_t>(inference_ranks_.size()) >= options_.inference;
+}
+
+void Controller::WaitCommitLocked(std::unique_lock<std::mutex>& lock) {
+  cv_.wait(lock, [&] { return !committing_ || shutdown_; });
+}
+
+Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
+  if (planned_ || planning_ || !WorldFullLocked()) return Status::Ok();
+  planning_ = true;
+  Status result = Status::Ok();
+  int passes = 0;
+  while (!shutdown_ && !planned_ && WorldFullLocked()) {
+    ++passes;
+    // The snapshot shares the registration documents: O(ranks) under the lock.
+    const uint64_t gen = registrations_gen_;
+    RankJsons trainer_ranks = trainers_.ranks();
+    const json mesh_groups = trainers_.mesh_groups();
+    RankJsons inference_ranks = inference_ranks_;
+    lock.unlock();
+    if (options_.planning_hook) options_.planning_hook();
+    const Clock::time_point t_hook = Clock::now();
+    StatusOr<AssembledWorld> world = AssembleWorld(trainer_ranks, mesh_groups, inference_ranks);
+    const Clock::time_point t_assembled = Clock::now();
+    std::string plan_text;
+    StatusOr<std::shared_ptr<const PlanState>> plan =
+        world.ok() ? BuildPlan(world->trainer, world->inference, std::move(world->trainer_json),
+                               std::move(world->inference_json), &plan_text)
+                   : StatusOr<std::shared_ptr<const PlanState>>(world.status());
+    const Clock::time_point t_planned = Clock::now();
+    lock.lock();
+    if (registrations_gen_ != gen) continue;  // a rank registered again meanwhile: plan what is there now
+    if (!plan.ok()) {
+      result = plan.status();
+      break;
+    }
+    // Persist first: a plan agents act on must survive a restart. Nothing
+    // else writes the store before the plan exists; registrations arriving
+    // now wait for the plan (WaitCommitLocked).
+    committing_ = true;
+    lock.unlock();
+    PersistedWorld persisted{options_.trainers, options_.inference, (*plan)->trainer_json,
+                             (*plan)->inference_json, ToJson(options_.mapping), (*plan)->plan_id};
+    Status saved = store_.SaveWorld(persisted, plan_text);
+    const Clock::time_point t_saved = Clock::now();
+    // What only this pass needed goes before the lock is taken again.
+    persisted = PersistedWorld{};
+    plan_text = std::string();
+    world = Aborted("released");
+    trainer_ranks.clear();
+    inference_ranks.clear();
+    lock.lock();
+    committing_ = false;
+    if (!saved.ok()) {
+      result = saved;
+      break;
+    }
+    plan_seconds_ = std::chrono::duration<double>(t_saved - t_hook).count();
+    assemble_seconds_ = std::chrono::duration<double>(t_assembled - t_hook).count();
+    persist_seconds_ = std::chrono::duration<double>(t_saved - t_planned).count();
+    InstallPlanLocked(std::move(plan).value());
+    assembly_error_.clear();
+    // The plan's specs are what counts from now on (re-registrations are
+    // checked against them); the registration documents are not needed.
+    // Freed here, under the lock: freeing them after unlocking, while the
+    // 384 slices were being built, delayed this reply by ~40 s in one
+    // bench run at Kimi-K2 scale (malloc arena contention, most likely).
+    trainers_ = TrainerRegistry(options_.trainers);
+    inference_ranks_.clear();
+    char secs[96];
+    std::snprintf(secs, sizeof(secs), "%.3f s (assemble %.3f s, plan %.3f s, persist %.3f s)", plan_seconds_,
+                  assemble_seconds_, plan_seconds_ - assemble_seconds_ - persist_seconds_, persist_seconds_);
+    Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
+        std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
+        std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
+        " bytes per update; planned in " + secs +
+        (passes > 1 ? ", " + std::to_string(passes) + " passes (ranks registered again meanwhile)"
+                    : std::string()));
+  }
+  planning_ = false;
+  cv_.notify_all();
+  if (result.ok() && shutdown_ && !planned_) return Aborted("controller is shutting down");
+  return result;
 }
 
 bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& error) {
@@ -201,6 +274,7 @@ bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& e
   if (at_fault == role && culprit->rank == rank) return false;
   if (at_fault == Role::kTrainer) trainers_.Remove(culprit->rank);
   else inference_ranks_.erase(culprit->rank);
+  ++registrations_gen_;
   rejected_[{at_fault, culprit->rank}] = error;
   RecordErrorLocked(at_fault, culprit->rank, error + " (registration dropped when the world was assembled)");
   cv_.notify_all();  // its agent may be waiting for the plan
@@ -291,7 +365,8 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
 }
 
 StatusOr<json> Controller::RegisterTrainer(const json& body) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitCommitLocked(lock);
   TickLocked(Clock::now());
   const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
                            ? body["rank"].get<int32_t>() : -1;
@@ -312,7 +387,7 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   // it against the others only, and put the old one back on error.
   std::optional<TrainerRegistration> old;
   if (auto it = trainers_.ranks().find(peek); it != trainers_.ranks().end()) {
-    old = TrainerRegistration{peek, it->second, trainers_.mesh_groups()};
+    old = TrainerRegistration{peek, *it->second, trainers_.mesh_groups()};
     trainers_.Remove(peek);
   }
   StatusOr<TrainerRegistration> reg = trainers_.Check(body);
@@ -323,17 +398,26 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   }
   const int32_t rank = reg->rank;
   trainers_.Add(std::move(reg).value());
+  ++registrations_gen_;
+  const RankJson mine = trainers_.ranks().at(rank);
   Log("registered trainer rank " + std::to_string(rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
   rejected_.erase({Role::kTrainer, rank});
-  Status planned = MaybePlanLocked();
+  Status planned = MaybePlanLocked(lock);
   if (!planned.ok()) {
+    if (planned.code() == StatusCode::kAborted) return planned;
     assembly_error_ = planned.message();
     if (DropCulpritLocked(Role::kTrainer, rank, planned.message()))
       return RegisterReplyLocked(Role::kTrainer, rank);
-    trainers_.Remove(rank);
-    if (old) trainers_.Add(*old);
+    // This registration completed a world that does not plan: drop it (if
+    // it is still the one registered: the rank may have registered again
+    // while the world was planned).
+    if (auto it = trainers_.ranks().find(rank); it != trainers_.ranks().end() && it->second == mine) {
+      trainers_.Remove(rank);
+      if (old) trainers_.Add(*old);
+      ++registrations_gen_;
+    }
     RecordErrorLocked(Role::kTrainer, rank, planned.message());
     return planned;
   }
@@ -341,9 +425,12 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
 }
 
 StatusOr<json> Controller::RegisterInference(const json& body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TickLocked(Clock::now());
+  // An inference rank is checked on its own (the strict loader and
+  // validator), so without the lock.
   StatusOr<int32_t> rank = CheckInferenceRegistration(body, options_.inference);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitCommitLocked(lock);
+  TickLocked(Clock::now());
   if (!rank.ok()) {
     const int32_t peek = body.is_object() && body.value("rank", json()).is_number_integer()
                              ? body["rank"].get<int32_t>() : -1;
@@ -355,20 +442,26 @@ StatusOr<json> Controller::RegisterInference(const json& body) {
     if (!reply.ok()) RecordErrorLocked(Role::kInference, *rank, reply.status().message());
     return reply;
   }
-  std::optional<json> old;
+  RankJson old;
   if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end()) old = it->second;
-  inference_ranks_[*rank] = body;
+  const RankJson mine = std::make_shared<const json>(body);
+  inference_ranks_[*rank] = mine;
+  ++registrations_gen_;
   Log("registered inference rank " + std::to_string(*rank) + " (" +
       std::to_string(trainers_.ranks().size()) + "/" + std::to_string(options_.trainers) + " trainers, " +
       std::to_string(inference_ranks_.size()) + "/" + std::to_string(options_.inference) + " inference)");
   rejected_.erase({Role::kInference, *rank});
-  Status planned = MaybePlanLocked();
+  Status planned = MaybePlanLocked(lock);
   if (!planned.ok()) {
+    if (planned.code() == StatusCode::kAborted) return planned;
     assembly_error_ = planned.message();
     if (DropCulpritLocked(Role::kInference, *rank, planned.message()))
       return RegisterReplyLocked(Role::kInference, *rank);
-    if (old) inference_ranks_[*rank] = *old;
-    else inference_ranks_.erase(*rank);
+    if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end() && it->second == mine) {
+      if (old) it->second = old;
+      else inference_ranks_.erase(it);
+      ++registrations_gen_;
+    }
     RecordErrorLocked(Role::kInference, *rank, planned.message());
     return planned;
   }
@@ -394,6 +487,7 @@ std::string Controller::MissingTextLocked() const {
 
 std::string Controller::PhaseLocked() const {
   if (planned_) return "planned";
+  if (planning_) return "planning";
   return world_timed_out_ ? "failed_to_assemble" : "assembling";
 }
 
@@ -406,6 +500,12 @@ json Controller::WorldSummary() {
 }
 
 StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wait) {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> text, PlanSliceText(role, rank, wait));
+  return json::parse(*text);
+}
+
+StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role, int32_t rank,
+                                                                       Clock::duration wait) {
   std::unique_lock<std::mutex> lock(mu_);
   const int32_t n = role == Role::kTrainer ? options_.trainers : options_.inference;
   if (rank < 0 || rank >= n)
@@ -421,6 +521,8 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
   }
   if (shutdown_) return Aborted("controller is shutting down");
+  if (!planned_ && planning_)
+    return FailedPrecondition("world complete, plan being computed (phase planning); ask again");
   if (!planned_) {
     std::string msg = "world incomplete: " + MissingTextLocked();
     if (world_timed_out_) msg += " (world timeout of " + FormatSeconds(options_.world_timeout_s) + " s passed)";
@@ -428,7 +530,7 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     return FailedPrecondition(msg);
   }
   auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
-  if (auto it = cache.find(rank); it != cache.end()) return json::parse(it->second);
+  if (auto it = cache.find(rank); it != cache.end()) return it->second;
   // Extract without the lock: the plan is immutable and shared.
   const std::shared_ptr<const PlanState> plan = plan_;
   const uint64_t epoch = epoch_;  // changes only with plan_
@@ -439,15 +541,16 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
                 {"plan_id", plan->plan_id},
                 {"epoch", epoch}};
   if (role == Role::kTrainer) {
-    StatusOr<TrainerRankPlan> rank_plan = ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank);
+    StatusOr<TrainerRankPlan> rank_plan =
+        ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank, &plan->ops_by_trainer[rank]);
     if (!rank_plan.ok())
       return Internal("trainer rank " + std::to_string(rank) + ": " + rank_plan.status().message());
     slice["plan"] = ToJson(*rank_plan);
   } else {
-    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank);
+    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank, &plan->ops_by_inference[rank]);
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
-    for (const WriteOp& op : plan->table.ops) {
-      if (op.dst_rank != rank) continue;
+    for (uint32_t i : plan->ops_by_inference[rank]) {
+      const WriteOp& op = plan->table.ops[i];
       by_trainer[op.src_rank].first += 1;
       by_trainer[op.src_rank].second += op.bytes;
     }
@@ -459,10 +562,11 @@ StatusOr<json> Controller::PlanSlice(Role role, int32_t rank, Clock::duration wa
     slice["writes_by_trainer"] = std::move(per);
     slice["plan"] = ToJson(rank_plan);
   }
-  std::string text = slice.dump();
+  auto text = std::make_shared<const std::string>(slice.dump());
+  slice = json();  // free the tree before taking the lock
   lock.lock();
-  if (plan_ == plan) cache.emplace(rank, std::move(text));
-  return slice;
+  if (plan_ == plan) cache.emplace(rank, text);
+  return text;
 }
 
 void Controller::KvSet(const std::string& key, std::string value) {
@@ -627,7 +731,7 @@ void Controller::Tick() {
 }
 
 void Controller::TickLocked(Clock::time_point now) {
-  if (!planned_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
+  if (!planned_ && !planning_ && !world_timed_out_ && now - started_ >= Seconds(options_.world_timeout_s)) {
     world_timed_out_ = true;
     Log("failed to assemble the world within " + FormatSeconds(options_.world_timeout_s) + " s: " +
         MissingTextLocked() + " (still accepting registrations)");

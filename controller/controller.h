@@ -4,8 +4,11 @@
 // Transport-free: http_server.h maps HTTP requests onto these calls (see
 // docs/CONTROL_PLANE.md), tests call them directly too. Thread-safe: every
 // public method takes the one mutex `mu_`; waits (plan, KV key, version
-// end) block on `cv_` under it. Planning runs under the mutex once, when the
-// last rank registers; health checks do not take it.
+// end) block on `cv_` under it. Planning does not hold it: the request of
+// the rank that completes the world snapshots the registrations, assembles,
+// plans and persists without the mutex (phase "planning"), and installs the
+// plan under it, so status, heartbeats, KV and registrations are answered
+// meanwhile. Slices are extracted without it too; health checks never take it.
 #pragma once
 
 #include <chrono>
@@ -46,6 +49,10 @@ struct ControllerOptions {
   double heartbeat_timeout_s = 10;
   // One line per event (registration, plan, version finished, timeout).
   std::function<void(const std::string&)> log;
+  // Tests: called on the planning thread, without the mutex, before each
+  // planning pass over a full world. Blocking in it holds the controller in
+  // phase "planning" (what a large world's planning looks like to others).
+  std::function<void()> planning_hook;
 };
 
 // The identity mapping: every engine tensor has the trainer tensor's name.
@@ -68,6 +75,8 @@ class Controller {
   // A rank's plan slice, waiting up to `wait` for the world. While the world
   // is incomplete: FailedPrecondition naming the missing ranks.
   StatusOr<nlohmann::json> PlanSlice(Role role, int32_t rank, Clock::duration wait);
+  // The same slice as the text served (built once per rank, then shared).
+  StatusOr<std::shared_ptr<const std::string>> PlanSliceText(Role role, int32_t rank, Clock::duration wait);
   // {"phase", "missing": {"trainer": [...], "inference": [...]}}
   nlohmann::json WorldSummary();
 
@@ -111,8 +120,15 @@ class Controller {
   explicit Controller(ControllerOptions options);
 
   Status LoadStateLocked() WSYNC_REQUIRES(mu_);
-  // Tries to assemble and plan once every rank is registered.
-  Status MaybePlanLocked() WSYNC_REQUIRES(mu_);
+  bool WorldFullLocked() const WSYNC_REQUIRES(mu_);
+  // Once every rank is registered (and no pass is in flight): assembles,
+  // plans and persists a snapshot of the registrations with `lock` released,
+  // again while registrations changed meanwhile, then installs the plan.
+  // Returns with `lock` held; the error is the assembly/planning one.
+  Status MaybePlanLocked(std::unique_lock<std::mutex>& lock) WSYNC_REQUIRES(mu_);
+  // Registrations that arrive while the plan is being written wait for it
+  // (they are then checked against the plan, like any later registration).
+  void WaitCommitLocked(std::unique_lock<std::mutex>& lock) WSYNC_REQUIRES(mu_);
   // A registration after the plan exists: same metadata or FailedPrecondition.
   StatusOr<nlohmann::json> ReRegisterLocked(Role role, int32_t rank, const nlohmann::json& rank_json,
                                             const nlohmann::json* mesh_groups) WSYNC_REQUIRES(mu_);
@@ -147,11 +163,25 @@ class Controller {
   std::condition_variable cv_;  // signalled on plan, KV set, version finished, shutdown
 
   bool shutdown_ WSYNC_GUARDED_BY(mu_) = false;
-  StateStore store_ WSYNC_GUARDED_BY(mu_);
+  // Guarded by mu_, except that the planning pass writes world.json and
+  // plan.json without it while committing_ (nothing else writes the store
+  // before the plan exists).
+  StateStore store_;
 
   // Registrations (before the plan) and assembly.
+  // Released once the plan is installed (the plan's specs are what counts
+  // from then on).
   TrainerRegistry trainers_ WSYNC_GUARDED_BY(mu_);
-  std::map<int32_t, nlohmann::json> inference_ranks_ WSYNC_GUARDED_BY(mu_);
+  RankJsons inference_ranks_ WSYNC_GUARDED_BY(mu_);
+  // Bumped by every change to the registrations: a planning pass whose
+  // snapshot is older plans again.
+  uint64_t registrations_gen_ WSYNC_GUARDED_BY(mu_) = 0;
+  bool planning_ WSYNC_GUARDED_BY(mu_) = false;    // a pass is in flight (phase "planning")
+  bool committing_ WSYNC_GUARDED_BY(mu_) = false;  // ... and writing the state dir
+  // The last pass: assemble + plan + persist, and its parts.
+  double plan_seconds_ WSYNC_GUARDED_BY(mu_) = 0;
+  double assemble_seconds_ WSYNC_GUARDED_BY(mu_) = 0;
+  double persist_seconds_ WSYNC_GUARDED_BY(mu_) = 0;
   // Registrations dropped at assembly because the error named them; their
   // agents get the error from /v1/plan until they register again.
   std::map<std::pair<Role, int32_t>, std::string> rejected_ WSYNC_GUARDED_BY(mu_);
@@ -177,11 +207,14 @@ class Controller {
     RoutingTable table;
     PlanSummary summary;
     std::string plan_id;
+    // Indices into table.ops by sender and by receiver rank, so each slice
+    // is extracted in time of its own share (384 slices at Kimi-K2 scale
+    // would otherwise each scan ~1M writes).
+    std::vector<std::vector<uint32_t>> ops_by_trainer, ops_by_inference;
   };
   // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
   StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
-                                                       const nlohmann::json& trainer_json,
-                                                       const nlohmann::json& inference_json,
+                                                       nlohmann::json trainer_json, nlohmann::json inference_json,
                                                        std::string* plan_text) const;
   void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
 
@@ -200,8 +233,8 @@ class Controller {
   std::shared_ptr<const PlanState> plan_ WSYNC_GUARDED_BY(mu_);
   // Slices are built on first request and kept: every agent asks once, and
   // after a restart again.
-  std::map<int32_t, std::string> trainer_slices_ WSYNC_GUARDED_BY(mu_);
-  std::map<int32_t, std::string> inference_slices_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, std::shared_ptr<const std::string>> trainer_slices_ WSYNC_GUARDED_BY(mu_);
+  std::map<int32_t, std::shared_ptr<const std::string>> inference_slices_ WSYNC_GUARDED_BY(mu_);
 
   VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
   // When each rank that sends heartbeats was last heard from, and the ranks

@@ -59,7 +59,12 @@ json Controller::StatusJson() {
             {"wire_bytes", plan_->summary.wire_bytes},
             {"dest_bytes", plan_->summary.dest_bytes},
             {"predicted_seconds", plan_->summary.predicted_seconds},
-            {"epoch", epoch_}};
+            {"epoch", epoch_},
+            // The planning pass (without the lock): assemble + plan + persist.
+            // 0 for a plan restored from the state dir.
+            {"plan_seconds", plan_seconds_},
+            {"assemble_seconds", assemble_seconds_},
+            {"persist_seconds", persist_seconds_}};
   }
   json versions = json::array();
   for (const auto& [v, r] : versions_.records()) versions.push_back(r.ToJson(now));
@@ -100,6 +105,8 @@ std::string Controller::MetricsText() {
   m.Gauge("wsync_plan_ready", "1 once the routing plan exists.", planned_ ? 1 : 0);
   m.Gauge("wsync_world_assembly_failed", "1 if the world timeout passed without a full world.",
           !planned_ && world_timed_out_ ? 1 : 0);
+  m.Gauge("wsync_plan_seconds", "Seconds the planning pass took (assemble, plan, persist; 0 if restored).",
+          plan_seconds_);
   m.Gauge("wsync_plan_wire_bytes", "Bytes written over the network per update.",
           planned_ ? static_cast<double>(plan_->summary.wire_bytes) : 0);
   m.Gauge("wsync_plan_writes", "Write operations per update.",

@@ -69,13 +69,20 @@ StatusOr<json> HandleRegister(Controller& c, Role role, const std::string& path,
 
 StatusOr<json> HandlePlan(Controller& c, const std::string& role_text, const std::string& rank_text,
                           std::chrono::milliseconds wait) {
+  WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> text, HandlePlanText(c, role_text, rank_text, wait));
+  return json::parse(*text);
+}
+
+StatusOr<std::shared_ptr<const std::string>> HandlePlanText(Controller& c, const std::string& role_text,
+                                                            const std::string& rank_text,
+                                                            std::chrono::milliseconds wait) {
   std::optional<Role> role = ParseRole(role_text);
   char* end = nullptr;
   errno = 0;
   const long rank = std::strtol(rank_text.c_str(), &end, 10);
   if (!role || rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
     return InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R");
-  return c.PlanSlice(*role, static_cast<int32_t>(rank), wait);
+  return c.PlanSliceText(*role, static_cast<int32_t>(rank), wait);
 }
 
 StatusOr<json> HandleHeartbeat(Controller& c, const std::string& path, const std::string& text) {

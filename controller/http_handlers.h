@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,9 @@ StatusOr<nlohmann::json> HandleRegister(Controller& c, Role role, const std::str
 // incomplete (the route answers 409 with WorldSummary()).
 StatusOr<nlohmann::json> HandlePlan(Controller& c, const std::string& role, const std::string& rank,
                                     std::chrono::milliseconds wait);
+// The same, as the slice's text (what the route sends, without re-encoding).
+StatusOr<std::shared_ptr<const std::string>> HandlePlanText(Controller& c, const std::string& role,
+                                                            const std::string& rank, std::chrono::milliseconds wait);
 // POST /v1/heartbeat
 StatusOr<nlohmann::json> HandleHeartbeat(Controller& c, const std::string& path, const std::string& body);
 // POST /v1/kv/<key>/add

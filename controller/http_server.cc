@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 
@@ -149,9 +150,14 @@ void HttpServer::InstallRoutes() {
   });
 
   s.Get("/v1/plan", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<json> slice = HandlePlan(*c, req.get_param_value("role"), req.get_param_value("rank"),
-                                      WaitParam(Param(req, "wait_ms"), 0));
-    if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return Send(res, slice);
+    StatusOr<std::shared_ptr<const std::string>> slice =
+        HandlePlanText(*c, req.get_param_value("role"), req.get_param_value("rank"),
+                       WaitParam(Param(req, "wait_ms"), 0));
+    if (slice.ok()) {  // the cached text, not re-encoded
+      res.status = 200;
+      return res.set_content(**slice, "application/json");
+    }
+    if (slice.status().code() != StatusCode::kFailedPrecondition) return SendError(res, slice.status());
     json body = c->WorldSummary();
     body["error"] = slice.status().message();
     SendJson(res, 409, body);
@@ -255,12 +261,22 @@ Status HttpServer::Start() {
   const size_t threads = static_cast<size_t>(std::max(options_.threads, 4));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_keep_alive_timeout(2);
+  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled
+  // into Debian's libcpp-httplib). Hundreds of agents connecting at once
+  // overflow it, and the connections the kernel then drops reach the agents
+  // as read errors. Remember the listening socket and widen its backlog.
+  server_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   InstallRoutes();
   port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
                              : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   if (port_ < 0)
     return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
                        " (address in use, or not an address of this host)");
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
+    return Unavailable("cannot widen the listen backlog on " + address() + ": " + std::strerror(errno));
   listener_ = std::thread([this] { server_->listen_after_bind(); });
   // Connections queue in the backlog from bind on; waiting for the loop
   // only makes Start() mean "serving" for callers that check is_running.

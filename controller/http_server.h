@@ -76,6 +76,7 @@ class HttpServer {
   const ServerOptions options_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = -1;
+  int listen_fd_ = -1;  // the listening socket, set while binding
   std::thread listener_;
   std::thread ticker_;
   std::mutex tick_mu_;

@@ -159,7 +159,7 @@ void TrainerRegistry::Add(TrainerRegistration reg) {
   if (ranks_.count(reg.rank)) Remove(reg.rank);
   mesh_groups_ = reg.mesh_groups;
   Index(reg.rank, reg.rank_json);
-  ranks_[reg.rank] = std::move(reg.rank_json);
+  ranks_[reg.rank] = std::make_shared<const json>(std::move(reg.rank_json));
 }
 
 void TrainerRegistry::Remove(int32_t rank) {
@@ -185,7 +185,7 @@ void TrainerRegistry::Rebuild() {
   tensors_.clear();
   meshes_.clear();
   if (ranks_.empty()) mesh_groups_ = json();
-  for (const auto& [rank, j] : ranks_) Index(rank, j);
+  for (const auto& [rank, j] : ranks_) Index(rank, *j);
 }
 
 StatusOr<int32_t> CheckInferenceRegistration(const json& body, int32_t world) {
@@ -225,14 +225,13 @@ std::optional<Culprit> CulpritOf(const std::string& error) {
   return std::nullopt;
 }
 
-StatusOr<AssembledWorld> AssembleWorld(const std::map<int32_t, json>& trainer_ranks,
-                                       const json& mesh_groups,
-                                       const std::map<int32_t, json>& inference_ranks) {
+StatusOr<AssembledWorld> AssembleWorld(const RankJsons& trainer_ranks, const json& mesh_groups,
+                                       const RankJsons& inference_ranks) {
   json trainer_doc = {{"schema", "wsync.trainer/v1"}, {"mesh_groups", mesh_groups},
                       {"ranks", json::array()}};
-  for (const auto& [rank, j] : trainer_ranks) trainer_doc["ranks"].push_back(j);
+  for (const auto& [rank, j] : trainer_ranks) trainer_doc["ranks"].push_back(*j);
   json inference_doc = {{"schema", "wsync.inference/v1"}, {"ranks", json::array()}};
-  for (const auto& [rank, j] : inference_ranks) inference_doc["ranks"].push_back(j);
+  for (const auto& [rank, j] : inference_ranks) inference_doc["ranks"].push_back(*j);
 
   AssembledWorld world;
   WSYNC_ASSIGN_OR_RETURN(world.trainer, ParseTrainerSpec(trainer_doc, "trainer registrations"));

@@ -1,15 +1,19 @@
 // Checks on agent registrations as they arrive, and assembly of the whole
 // world into validated specs once every rank is in.
 //
-// Called by Controller under its mutex. The per-arrival checks compare a new
-// rank with the ranks already registered, so a mismatch is reported to the
-// agent that brings it (HTTP 400), naming rank and tensor. Everything else is
-// left to routing's strict loaders + validators (spec_io.h, validate.h), run
-// once on the full world by AssembleWorld: those need every rank at once.
+// TrainerRegistry is used by Controller under its mutex. The per-arrival
+// checks compare a new rank with the ranks already registered, so a mismatch
+// is reported to the agent that brings it (HTTP 400), naming rank and tensor.
+// Everything else is left to routing's strict loaders + validators
+// (spec_io.h, validate.h), run once on the full world by AssembleWorld: those
+// need every rank at once. Registrations are kept as shared immutable JSON,
+// so the controller snapshots the world under its mutex in O(ranks) and
+// assembles and plans it without the mutex.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,6 +33,10 @@ struct TrainerRegistration {
 
 // The trainer registrations received so far, indexed so that each arrival
 // is checked against earlier ranks in time linear in its own size.
+// One rank's registration document, immutable once accepted.
+using RankJson = std::shared_ptr<const nlohmann::json>;
+using RankJsons = std::map<int32_t, RankJson>;
+
 class TrainerRegistry {
  public:
   explicit TrainerRegistry(int32_t world) : world_(world) {}
@@ -41,7 +49,7 @@ class TrainerRegistry {
   void Add(TrainerRegistration reg);
   void Remove(int32_t rank);
 
-  const std::map<int32_t, nlohmann::json>& ranks() const { return ranks_; }
+  const RankJsons& ranks() const { return ranks_; }
   const nlohmann::json& mesh_groups() const { return mesh_groups_; }
 
  private:
@@ -58,7 +66,7 @@ class TrainerRegistry {
   void Rebuild();
 
   int32_t world_;
-  std::map<int32_t, nlohmann::json> ranks_;
+  RankJsons ranks_;
   nlohmann::json mesh_groups_;  // null until the first registration
   std::map<std::string, TensorFacts> tensors_;
   std::map<std::string, MeshFacts> meshes_;
@@ -67,7 +75,8 @@ class TrainerRegistry {
 // Checks an inference registration on its own with routing's strict loader
 // and validator (regions, overlaps, tp slices, fp8 scales are all per rank),
 // so a broken rank is refused on arrival, not blamed on whoever completes
-// the world. Returns the rank.
+// the world. Returns the rank. Needs no other rank: called without the
+// controller's mutex.
 StatusOr<int32_t> CheckInferenceRegistration(const nlohmann::json& body, int32_t world);
 
 // The rank a loader/planner error names ("trainer registrations: rank 3: ..."),
@@ -87,9 +96,9 @@ struct AssembledWorld {
 
 // Builds the spec documents from the registrations and parses them with the
 // strict loaders (which validate). Errors read
-// "trainer registrations: rank R: tensor 'T': ...".
-StatusOr<AssembledWorld> AssembleWorld(const std::map<int32_t, nlohmann::json>& trainer_ranks,
-                                       const nlohmann::json& mesh_groups,
-                                       const std::map<int32_t, nlohmann::json>& inference_ranks);
+// "trainer registrations: rank R: tensor 'T': ...". Pure: the controller
+// runs it on a snapshot, without its mutex.
+StatusOr<AssembledWorld> AssembleWorld(const RankJsons& trainer_ranks, const nlohmann::json& mesh_groups,
+                                       const RankJsons& inference_ranks);
 
 }  // namespace wsync::controller

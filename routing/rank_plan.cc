@@ -93,7 +93,8 @@ StatusOr<DType> DTypeOf(const nlohmann::json& j) {
 }  // namespace
 
 StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
-                                                 const InferenceSpec& inference, int32_t rank) {
+                                                 const InferenceSpec& inference, int32_t rank,
+                                                 const std::vector<uint32_t>* rank_ops) {
   if (rank < 0 || static_cast<size_t>(rank) >= trainer.ranks.size()) {
     return NotFound("trainer rank " + std::to_string(rank) + " is not in the plan (world of " +
                     std::to_string(trainer.ranks.size()) + ")");
@@ -110,8 +111,13 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
 
   // This rank's writes, by source.
   std::unordered_map<int32_t, std::vector<const WriteOp*>> ops_by_source;
-  for (const WriteOp& op : table.ops) {
-    if (op.src_rank == rank) ops_by_source[op.src].push_back(&op);
+  if (rank_ops) {
+    for (uint32_t i : *rank_ops)
+      if (table.ops[i].src_rank == rank) ops_by_source[table.ops[i].src].push_back(&table.ops[i]);
+  } else {
+    for (const WriteOp& op : table.ops) {
+      if (op.src_rank == rank) ops_by_source[op.src].push_back(&op);
+    }
   }
 
   // rank-of-coordinate for each mesh this rank is in.
@@ -226,10 +232,14 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
   return plan;
 }
 
-InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank) {
+InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
+                                           const std::vector<uint32_t>* rank_ops) {
   InferenceRankPlan plan;
   plan.rank = rank;
-  for (const WriteOp& op : table.ops) {
+  const size_t n = rank_ops ? rank_ops->size() : table.ops.size();
+  if (rank_ops) plan.writes.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    const WriteOp& op = table.ops[rank_ops ? (*rank_ops)[k] : k];
     if (op.dst_rank != rank) continue;
     const DestTensor& dst = table.destinations[op.dst];
     const bool scale = op.kind == WriteKind::kScale;

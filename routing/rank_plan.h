@@ -87,9 +87,15 @@ struct InferenceRankPlan {
 // Extracts rank `rank`'s plan. Fails (one line naming the tensor) if a
 // source needs an all-gather this pipeline cannot do (Shard placements on two
 // gathered mesh dims) or is fp8-quantized without holding whole 2-D blocks.
+// `rank_ops`, when given: the indices into table.ops of exactly this rank's
+// ops (src_rank == rank for a trainer, dst_rank == rank for an inference
+// rank), in table order, so a caller serving every rank (the controller)
+// extracts each in time of its own share instead of scanning the table.
 StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
-                                                 const InferenceSpec& inference, int32_t rank);
-InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank);
+                                                 const InferenceSpec& inference, int32_t rank,
+                                                 const std::vector<uint32_t>* rank_ops = nullptr);
+InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
+                                           const std::vector<uint32_t>* rank_ops = nullptr);
 
 nlohmann::json ToJson(const TrainerRankPlan& plan);
 nlohmann::json ToJson(const InferenceRankPlan& plan);
