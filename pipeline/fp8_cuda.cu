@@ -64,14 +64,10 @@ struct Divider {
   float s, r;
   bool hoisted;
   __device__ __forceinline__ float operator()(float v) const {
-#ifdef WSYNC_FP8_DIVIDE_EACH  // the bench's baseline: one division per element
-    return __fdiv_rn(v, s);
-#else
     if (!hoisted) return __fdiv_rn(v, s);
     const float q0 = __fmul_rn(v, r);
     const float q1 = __fmaf_rn(__fmaf_rn(-s, q0, v), r, q0);
     return copysignf(q1, v);  // -0 / s is -0; the correction would make it +0
-#endif
   }
 };
 
@@ -83,11 +79,7 @@ __device__ __forceinline__ uint8_t E4M3(float q) {
 
 // Two codes from one conversion instruction: lo in the low byte.
 __device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
-#ifdef WSYNC_FP8_SCALAR_CVT
-  return E4M3(lo) | (uint32_t(E4M3(hi)) << 8);
-#else
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
-#endif
 }
 
 // One thread block per 128x128 tile; blockIdx.z is the matrix (expert).

@@ -28,21 +28,32 @@ struct PlanningGate {
   }
 };
 
-TEST_F(ControllerTest, RequestsAreAnsweredWhileThePlanIsComputed) {
-  PlanningGate gate;
-  std::future<void> entered = gate.entered.get_future();
-  ControllerOptions o = Options();
-  o.planning_hook = gate.Hook();
-  StartServer(o);
-  for (int r = 0; r < world_.trainers(); ++r) ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(r)).ok());
-  ASSERT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(0)).ok());
+class PlanningTest : public ControllerTest {
+ protected:
+  // Starts the server with `gate` as its planning hook and registers every
+  // rank; the last registration (inference rank 1, in the background)
+  // completes the world and plans. Returns once that pass is held in the
+  // gate, with the last registration's reply to come.
+  std::future<StatusOr<json>> CompleteTheWorldHeldInPlanning(PlanningGate& gate) {
+    std::future<void> entered = gate.entered.get_future();
+    ControllerOptions o = Options();
+    o.planning_hook = gate.Hook();
+    StartServer(o);
+    for (int r = 0; r < world_.trainers(); ++r) EXPECT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(r)).ok());
+    EXPECT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(0)).ok());
+    std::future<StatusOr<json>> last = std::async(std::launch::async, [this] {
+      ControllerClient other("127.0.0.1", server_->port());
+      return other.RegisterInferenceJson(world_.InferenceBody(1));
+    });
+    EXPECT_EQ(entered.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "planning never started";
+    return last;
+  }
+};
 
-  // The last registration completes the world; its request plans.
-  std::future<StatusOr<json>> last = std::async(std::launch::async, [&] {
-    ControllerClient other("127.0.0.1", server_->port());
-    return other.RegisterInferenceJson(world_.InferenceBody(1));
-  });
-  ASSERT_EQ(entered.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "planning never started";
+TEST_F(PlanningTest, RequestsAreAnsweredWhileThePlanIsComputed) {
+  PlanningGate gate;
+  std::future<StatusOr<json>> last = CompleteTheWorldHeldInPlanning(gate);
+  ASSERT_FALSE(HasFailure());
 
   // Planning is in progress (the hook holds it). Status, heartbeats, the KV
   // store and metrics are answered meanwhile.
@@ -84,19 +95,10 @@ TEST_F(ControllerTest, RequestsAreAnsweredWhileThePlanIsComputed) {
   }
 }
 
-TEST_F(ControllerTest, BrokenRankRegisteredDuringPlanningIsDroppedByTheNextPass) {
+TEST_F(PlanningTest, BrokenRankRegisteredDuringPlanningIsDroppedByTheNextPass) {
   PlanningGate gate;
-  std::future<void> entered = gate.entered.get_future();
-  ControllerOptions o = Options();
-  o.planning_hook = gate.Hook();
-  StartServer(o);
-  for (int r = 0; r < world_.trainers(); ++r) ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(r)).ok());
-  ASSERT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(0)).ok());
-  std::future<StatusOr<json>> last = std::async(std::launch::async, [&] {
-    ControllerClient other("127.0.0.1", server_->port());
-    return other.RegisterInferenceJson(world_.InferenceBody(1));
-  });
-  ASSERT_EQ(entered.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  std::future<StatusOr<json>> last = CompleteTheWorldHeldInPlanning(gate);
+  ASSERT_FALSE(HasFailure());
   // Trainer rank 1 comes back with a typo only the whole-world loader sees.
   json typo = world_.TrainerBody(1);
   typo["params"][0]["placement"] = typo["params"][0]["placements"];

@@ -53,6 +53,11 @@ void ExpectCompleteAndVerified(LocalSync& s, uint64_t version) {
   EXPECT_EQ(r->verified_bytes, r->wire_bytes) << "every byte written is a byte checked";
 }
 
+std::string TrainerLogText(LocalSync& s, int32_t rank) {
+  std::ifstream in(s.TrainerLog(rank));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 uint64_t EngineVersion(LocalSync& s, int32_t rank) {
   StatusOr<inference::EngineView> view = inference::EngineView::Open(s.InferenceShmName(rank));
   return view.ok() ? view->complete_version() : ~0ull;
@@ -224,8 +229,7 @@ TEST(SyncScenarios, RestartedInferenceAgentRegistersAgainAndTheNextVersionComple
   // registration; every byte is checked.
   ExpectCompleteAndVerified(*s, 2);
   for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
-    std::ifstream in(s->TrainerLog(r));
-    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string log = TrainerLogText(*s, r);
     EXPECT_NE(log.find("re-imported the plan of epoch 2"), std::string::npos) << s->TrainerLog(r) << ":\n" << log;
   }
   ExpectCompleteAndVerified(*s, 3);
@@ -255,8 +259,7 @@ TEST(SyncScenarios, WritersToAKilledInferenceAgentFailTheVersionAndTheNextComple
   auto left = [&] {
     int n = 0;
     for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
-      std::ifstream in(s->TrainerLog(r));
-      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string log = TrainerLogText(*s, r);
       n += log.find("version 2 failed") != std::string::npos || log.find("version 2 skipped") != std::string::npos;
     }
     return n == static_cast<int>(s->specs().trainer.ranks.size());
@@ -272,8 +275,7 @@ TEST(SyncScenarios, WritersToAKilledInferenceAgentFailTheVersionAndTheNextComple
   ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
   ExpectCompleteAndVerified(*s, 3);
   for (int32_t r = 0; r < static_cast<int32_t>(s->specs().trainer.ranks.size()); ++r) {
-    std::ifstream in(s->TrainerLog(r));
-    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string log = TrainerLogText(*s, r);
     EXPECT_NE(log.find("replaced the transport engine"), std::string::npos) << s->TrainerLog(r) << ":\n" << log;
   }
 }
