@@ -3,8 +3,10 @@
 // says why, before any write is tried.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <vector>
 
+#include "transport/libfabric/fabric_info.h"
 #include "transport/libfabric/libfabric_engine.h"
 
 namespace wsync::transport {
@@ -39,6 +41,32 @@ TEST(CapabilitiesTest, CudaMemoryIsRefusedClearlyWhenTheEngineSaysItCannot) {
   }
   ASSERT_FALSE(region.ok()) << "an engine that reports no CUDA memory registered some";
   EXPECT_NE(region.status().message().find("without CUDA support"), std::string::npos) << region.status().ToString();
+}
+
+// The shm CUDA check looks a parameter up by the name fi_getparams lists it
+// under, its environment variable (looking for the defined name instead made
+// every libfabric look too old: seen on an H200 with a 2.7 build).
+TEST(CapabilitiesTest, ParametersAreFoundByTheirEnvironmentName) {
+  fabric::LibfabricOptions o;
+  o.provider = "shm";
+  ASSERT_TRUE(fabric::CreateLibfabricEngine(o).ok());  // fi_getinfo has defined the core parameters
+  EXPECT_TRUE(fabric::LibfabricDefinesParam("FI_PROVIDER"));
+  EXPECT_TRUE(fabric::LibfabricDefinesParam("FI_LOG_LEVEL"));
+  EXPECT_FALSE(fabric::LibfabricDefinesParam("provider"));
+  EXPECT_FALSE(fabric::LibfabricDefinesParam("FI_NO_SUCH_PARAMETER"));
+}
+
+TEST(CapabilitiesTest, BooleanParametersAreOffAsLibfabricReadsThem) {
+  for (const char* off : {"0", "no", "OFF", "False"}) {
+    setenv("WSYNC_TEST_BOOL", off, 1);
+    EXPECT_TRUE(fabric::EnvBoolOff("WSYNC_TEST_BOOL")) << off;
+  }
+  for (const char* on : {"1", "yes", "on", "true"}) {
+    setenv("WSYNC_TEST_BOOL", on, 1);
+    EXPECT_FALSE(fabric::EnvBoolOff("WSYNC_TEST_BOOL")) << on;
+  }
+  unsetenv("WSYNC_TEST_BOOL");
+  EXPECT_FALSE(fabric::EnvBoolOff("WSYNC_TEST_BOOL"));
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <rdma/fi_errno.h>
 
+#include <strings.h>
+
+#include <cstdlib>
 #include <cstring>
 
 namespace wsync::transport::fabric {
@@ -99,6 +102,25 @@ StatusOr<InfoPtr> ProbeProvider(const LibfabricOptions& options) {
   }
   return Unavailable(where + " not found (fi_getinfo offered only '" +
                      std::string(owned->fabric_attr->prov_name) + "')");
+}
+
+bool LibfabricDefinesParam(const char* env_name) {
+  struct fi_param* params = nullptr;
+  int count = 0;
+  if (fi_getparams(&params, &count) != 0) return false;
+  bool defined = false;
+  for (int i = 0; i < count && !defined; ++i) defined = params[i].name != nullptr && std::strcmp(params[i].name, env_name) == 0;
+  fi_freeparams(params);
+  return defined;
+}
+
+bool EnvBoolOff(const char* env_name) {
+  const char* env = std::getenv(env_name);
+  if (env == nullptr) return false;
+  for (const char* off : {"0", "no", "off", "false"}) {
+    if (strcasecmp(env, off) == 0) return true;
+  }
+  return false;
 }
 
 }  // namespace wsync::transport::fabric

@@ -13,4 +13,14 @@ namespace wsync::transport::fabric {
 // names the missing capability and what to do.
 StatusOr<InfoPtr> ProbeProvider(const LibfabricOptions& options);
 
+// Whether the loaded libfabric defines the parameter whose environment
+// variable is `env_name` (fi_getparams lists parameters by that name, e.g.
+// "FI_HMEM_CUDA_ENABLE_ASYNC_COPY", not by the name the library defines them
+// with); core parameters are defined once fi_getinfo has run.
+bool LibfabricDefinesParam(const char* env_name);
+
+// A libfabric boolean set to off in the environment ("0", "no", "off",
+// "false", any case), as fi_param_get_bool reads it.
+bool EnvBoolOff(const char* env_name);
+
 }  // namespace wsync::transport::fabric

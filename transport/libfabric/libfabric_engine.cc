@@ -6,6 +6,7 @@
 
 #include "transport/libfabric/callback_thread.h"
 #include "transport/libfabric/domain_group.h"
+#include "transport/libfabric/fabric_info.h"
 #include "transport/libfabric/memory_region.h"
 
 namespace wsync::transport::fabric {
@@ -192,16 +193,7 @@ class LibfabricEngine final : public Engine {
 
   // The library defines hmem_cuda_enable_async_copy and it is not turned off.
   static bool ShmCopiesCudaAsynchronously() {
-    struct fi_param* params = nullptr;
-    int count = 0;
-    if (fi_getparams(&params, &count) != 0) return false;
-    bool defined = false;
-    for (int i = 0; i < count; ++i) defined = defined || std::string(params[i].name) == "hmem_cuda_enable_async_copy";
-    fi_freeparams(params);
-    const char* env = std::getenv("FI_HMEM_CUDA_ENABLE_ASYNC_COPY");
-    const bool off = env != nullptr && (std::string(env) == "0" || std::string(env) == "false" ||
-                                        std::string(env) == "no" || std::string(env) == "off");
-    return defined && !off;
+    return LibfabricDefinesParam("FI_HMEM_CUDA_ENABLE_ASYNC_COPY") && !EnvBoolOff("FI_HMEM_CUDA_ENABLE_ASYNC_COPY");
   }
 
   LibfabricEngine() = default;
