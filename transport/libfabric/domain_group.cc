@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "transport/libfabric/cpu_affinity.h"
+#include "transport/libfabric/cuda_context.h"
 #include "transport/libfabric/fabric_info.h"
 #include "transport/libfabric/memory_region.h"
 
@@ -46,7 +47,12 @@ StatusOr<std::unique_ptr<DomainGroup>> DomainGroup::Start(const LibfabricOptions
   std::unique_ptr<DomainGroup> group(new DomainGroup(options, callbacks));
   std::promise<Status> started;
   std::future<Status> result = started.get_future();
-  group->thread_ = std::thread([g = group.get(), &started] { g->Main(&started); });
+  // libfabric's CUDA calls run on the worker: give it this thread's context.
+  const CudaContextCarrier cuda = options.enable_hmem ? CudaContextCarrier::Capture(options.gpu) : CudaContextCarrier();
+  group->thread_ = std::thread([g = group.get(), &started, cuda] {
+    cuda.Apply();
+    g->Main(&started);
+  });
   Status status = result.get();
   if (!status.ok()) return status;  // the worker has exited; ~DomainGroup joins
   return group;
