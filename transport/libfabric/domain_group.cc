@@ -224,6 +224,11 @@ void DomainGroup::Accept(Request* r) {
   }
   // Charged the same on post and on completion, so the count never drifts.
   r->op_charge = r->total_ops ? bytes / r->total_ops : 0;
+  const MemoryRegion* src = r->kind == RequestKind::kWrite   ? r->write.src
+                            : r->kind == RequestKind::kPaged ? r->paged.src
+                            : r->kind == RequestKind::kScatter ? r->scatter.src
+                                                                : nullptr;
+  r->cuda_source = src != nullptr && src->kind() == MemoryKind::kCuda;
   r->base_nic = next_nic_;
   next_nic_ = (next_nic_ + 1) % nics_.size();
   r->deadline = Clock::now() + options_.op_timeout;
@@ -285,7 +290,7 @@ int DomainGroup::PostOne(Request* r) {
   const uint32_t n = static_cast<uint32_t>(nics_.size());
   uint32_t nic = r->kind == RequestKind::kSend ? 0 : (r->base_nic + i) % n;
   if (inflight_[nic] >= options_.max_inflight_per_nic) return 0;
-  if (inflight_[nic] > 0 && inflight_bytes_[nic] + r->op_charge > options_.max_inflight_bytes_per_nic) return 0;
+  if (inflight_[nic] > 0 && InflightBytes(r, nic) + r->op_charge > InflightByteCap(r)) return 0;
   const LibfabricMemoryRegion* src = nullptr;
   const RemoteMemory* dst = nullptr;
   uint64_t local_offset = 0, remote_offset = 0, length = 0;
@@ -358,7 +363,7 @@ int DomainGroup::PostOne(Request* r) {
         return -1;
       }
       ++inflight_[0];
-      inflight_bytes_[0] += r->op_charge;
+      InflightBytes(r, 0) += r->op_charge;
       ++r->nic_ops[0];
       ++r->posted_ops;
       return 1;
@@ -385,7 +390,7 @@ int DomainGroup::PostOne(Request* r) {
     return -1;
   }
   ++inflight_[nic];
-  inflight_bytes_[nic] += r->op_charge;
+  InflightBytes(r, nic) += r->op_charge;
   ++r->nic_ops[nic];
   ++r->posted_ops;
   return 1;
@@ -413,7 +418,7 @@ int DomainGroup::PostPages(Request* r, uint32_t nic, size_t first, size_t count)
     return -1;
   }
   ++inflight_[nic];
-  inflight_bytes_[nic] += r->op_charge;
+  InflightBytes(r, nic) += r->op_charge;
   ++r->nic_ops[nic];
   ++r->posted_ops;
   return 1;
@@ -455,7 +460,7 @@ long DomainGroup::Poll(uint32_t n) {
 void DomainGroup::OnLocalCompletion(Request* r, uint32_t nic, const Status& error) {
   if (!r->released) {
     --inflight_[nic];
-    inflight_bytes_[nic] -= r->op_charge;
+    InflightBytes(r, nic) -= r->op_charge;
     --r->nic_ops[nic];
   }
   ++r->completed_ops;
@@ -510,7 +515,7 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
     // against the NICs' caps so other peers' requests keep flowing.
     for (uint32_t n = 0; n < nics_.size(); ++n) {
       inflight_[n] -= r->nic_ops[n];
-      inflight_bytes_[n] -= uint64_t{r->nic_ops[n]} * r->op_charge;
+      InflightBytes(r, n) -= uint64_t{r->nic_ops[n]} * r->op_charge;
       r->nic_ops[n] = 0;
     }
     r->released = true;
@@ -522,8 +527,8 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
     std::string posted = std::to_string(r->posted_ops) + " posted";
     if (r->eagain > 0) posted += ", the provider answered FI_EAGAIN " + std::to_string(r->eagain) + " times";
     if (r->posted_ops < r->total_ops) {  // held back: by our caps, or by the provider
-      posted += "; NIC 0 has " + std::to_string(inflight_[0]) + " operations (" + std::to_string(inflight_bytes_[0]) +
-                " bytes) in flight";
+      posted += "; NIC 0 has " + std::to_string(inflight_[0]) + " operations (" +
+                std::to_string(inflight_bytes_[0] + inflight_cuda_bytes_[0]) + " bytes) in flight";
     }
     notice->status = DeadlineExceeded(
         std::string(KindName(r->kind)) + ": " + std::to_string(r->total_ops - r->completed_ops) + " of " +

@@ -117,7 +117,15 @@ class DomainGroup {
   std::vector<std::array<fi_addr_t, kMaxNics>> peers_;
   std::unordered_map<std::string, PeerId> peer_ids_;  // key: NIC 0 address
   std::array<uint32_t, kMaxNics> inflight_{};
-  std::array<uint64_t, kMaxNics> inflight_bytes_{};
+  std::array<uint64_t, kMaxNics> inflight_bytes_{};       // from host memory
+  std::array<uint64_t, kMaxNics> inflight_cuda_bytes_{};  // from CUDA memory
+  // The in-flight byte count and cap that request r is charged against.
+  uint64_t& InflightBytes(const Request* r, uint32_t nic) {
+    return r->cuda_source ? inflight_cuda_bytes_[nic] : inflight_bytes_[nic];
+  }
+  uint64_t InflightByteCap(const Request* r) const {
+    return r->cuda_source ? options_.max_inflight_cuda_bytes_per_nic : options_.max_inflight_bytes_per_nic;
+  }
   ImmCounter imm_counter_;
   std::vector<ImmCounter::Expired> expired_;
   std::deque<std::string> received_;

@@ -54,6 +54,7 @@ struct Request : Notice {
   uint64_t eagain = 0;  // posts the provider answered FI_EAGAIN (for the timeout's message)
   uint32_t send_slot = UINT32_MAX;
   uint64_t op_charge = 0;  // bytes each op counts against the in-flight cap
+  bool cuda_source = false;  // charged against the CUDA cap (max_inflight_cuda_bytes_per_nic)
   uint32_t base_nic = 0;  // first NIC used; ops go round-robin from it
   bool finished = false;  // callback already handed off (timeout/error)
   bool released = false;  // timed out: its ops no longer count against NIC caps
