@@ -8,7 +8,10 @@
 // is present.
 //
 //   transport_gpu_write [bytes=268435456] [iters=20] [provider=shm] [dst_gpu=1]
-//                       [ctx_on_worker=1] [op_timeout_s=60]
+//                       [ctx_on_worker=1] [op_timeout_s=60] [window=16]
+//
+// window=N keeps at most N writes in flight, as fi_rma_bw -W N does, so the
+// two figures gpu_bench.sh sets side by side are taken at the same depth.
 //
 // dst_gpu=0 writes between two processes on one GPU (the one-GPU machine).
 #include <dlfcn.h>
@@ -18,10 +21,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <future>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,7 @@ namespace {
 
 bool ctx_on_worker = true;
 int op_timeout_s = 60;  // op_timeout_s=N: how long a write may stay incomplete
+int window = 16;        // window=N: writes in flight at most
 
 // The few driver entry points we need, resolved from libcuda.so.1.
 struct Cuda {
@@ -176,6 +182,7 @@ int main(int argc, char** argv) {
   const int dst_gpu = arg.count("dst_gpu") ? std::stoi(arg["dst_gpu"]) : 1;
   ctx_on_worker = !arg.count("ctx_on_worker") || arg["ctx_on_worker"] != "0";
   if (arg.count("op_timeout_s")) op_timeout_s = std::stoi(arg["op_timeout_s"]);
+  if (arg.count("window")) window = std::max(1, std::stoi(arg["window"]));
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach a log as they happen
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return 1;
@@ -215,18 +222,37 @@ int main(int argc, char** argv) {
   if (!desc.ok()) return fail(desc.status().ToString());
   auto remote = (*engine)->Import(*desc);
   if (!remote.ok()) return fail(remote.status().ToString());
+  // n writes, at most `window` of them in flight; the first failure wins.
   auto write_all = [&](int n) -> Status {
-    std::vector<std::promise<Status>> done(n);
-    for (int i = 0; i < n; ++i) {
-      Status st = (*engine)->Write({region->get(), 0, *remote, 0, bytes, 77u},
-                                   [&done, i](const Status& s) { done[i].set_value(s); });
-      if (!st.ok()) return st;
+    std::mutex mu;
+    std::condition_variable cv;
+    int in_flight = 0;
+    Status first = Status::Ok();
+    auto on_done = [&](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!s.ok() && first.ok()) first = s;
+      --in_flight;
+      cv.notify_all();
+    };
+    int posted = 0;
+    for (; posted < n; ++posted) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return in_flight < window; });
+        if (!first.ok()) break;
+        ++in_flight;
+      }
+      Status st = (*engine)->Write({region->get(), 0, *remote, 0, bytes, 77u}, on_done);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        --in_flight;
+        if (first.ok()) first = st;
+        break;
+      }
     }
-    for (auto& d : done) {
-      Status st = d.get_future().get();
-      if (!st.ok()) return st;
-    }
-    return Status::Ok();
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight == 0; });
+    return first;
   };
   Status st = write_all(1);  // warm-up: IPC handles, connections
   if (!st.ok()) return fail("warm-up write: " + st.ToString());
@@ -239,9 +265,9 @@ int main(int argc, char** argv) {
   const auto landed = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(std::stoll(msg.substr(2))));
   const double secs = std::max(local_secs, std::chrono::duration<double>(landed - t0).count());
   const double gb = iters * static_cast<double>(bytes) / 1e9;
-  std::printf("PASS: %d writes of %zu KiB GPU0 -> GPU%d (%s, FI_HMEM cuda), verified; %.2f GB/s "
+  std::printf("PASS: %d writes of %zu KiB GPU0 -> GPU%d (%s, FI_HMEM cuda, window %d), verified; %.2f GB/s "
               "(to the last byte landing at the target; %.2f GB/s by the writer's completions)\n",
-              iters, bytes >> 10, dst_gpu, provider.c_str(), gb / secs, gb / local_secs);
+              iters, bytes >> 10, dst_gpu, provider.c_str(), window, gb / secs, gb / local_secs);
   close(down[1]);
   waitpid(child, nullptr, 0);
   return 0;
