@@ -15,7 +15,9 @@ TEST(ChunkingTest, MatchesTorchChunkIncludingEmptyTrailingPieces) {
       for (int64_t i = 0; i < k; ++i) {
         const Range r = ChunkRange(n, k, i);
         EXPECT_EQ(r.size, want[i].second) << "n=" << n << " k=" << k << " i=" << i;
-        if (r.size > 0) EXPECT_EQ(r.offset, want[i].first) << "n=" << n << " k=" << k << " i=" << i;
+        if (r.size > 0) {
+          EXPECT_EQ(r.offset, want[i].first) << "n=" << n << " k=" << k << " i=" << i;
+        }
       }
     }
   }
