@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +29,11 @@ std::chrono::milliseconds Ms(double seconds) {
 }
 
 }  // namespace
+
+std::chrono::milliseconds WriteTimeoutWithin(std::chrono::milliseconds engine_default,
+                                             std::chrono::milliseconds gloo_timeout) {
+  return std::max(std::chrono::milliseconds(1), std::min(engine_default, gloo_timeout / 2));
+}
 
 StatusOr<TrainerRankSpec> LoadTrainerRank(const TrainerAgentFlags& flags) {
   if (flags.layout.empty() == flags.cluster.empty()) {
@@ -72,6 +78,7 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   fabric.num_nics = flags.nics;
   fabric.node = flags.node;
   fabric.gpu = spec->rank.gpu;
+  fabric.op_timeout = WriteTimeoutWithin(fabric.op_timeout, Ms(flags.gloo_timeout_s));
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return fail(engine.status());
 

@@ -9,6 +9,8 @@
 // times; "ready" on stdout (flushed) once registered with the controller.
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -46,6 +48,14 @@ struct TrainerRankSpec {
 // This rank's entry of the layout file or of the generated specs, with the
 // trainer's MeshGroups. One line naming the file and the rank on error.
 StatusOr<TrainerRankSpec> LoadTrainerRank(const TrainerAgentFlags& flags);
+
+// How long one write may stay incomplete on a rank whose collectives wait
+// `gloo_timeout`: at most half of it. A rank that waits out a write to a
+// dead inference agent must still reach the next rendezvous before its
+// peers give up on it; with the engine's 30 s against a 20 s Gloo timeout
+// the next version never formed (chaos, docs/CONTROL_PLANE.md).
+std::chrono::milliseconds WriteTimeoutWithin(std::chrono::milliseconds engine_default,
+                                             std::chrono::milliseconds gloo_timeout);
 
 // Runs the agent until SIGTERM/SIGINT; returns the process exit code
 // (0 after a signal, 1 with one line on stderr on error).

@@ -19,6 +19,7 @@
 #include "controller/controller.h"
 #include "controller/http_server.h"
 #include "tests/trainer_agent/update_fixture.h"
+#include "trainer_agent/agent_command.h"
 #include "trainer_agent/shard_export.h"
 #include "transport/libfabric/libfabric_engine.h"
 
@@ -182,6 +183,16 @@ class AgentRunnerTest : public ::testing::Test {
   std::vector<std::tuple<int, uint64_t, std::string>> results_;
   std::vector<std::pair<int, Status>> exits_;
 };
+
+// A write to a dead peer gives up in time for the rank to reach its peers'
+// next rendezvous: never later than half the Gloo timeout.
+TEST(WriteTimeoutTest, AWriteGivesUpBeforeThePeersRendezvousDoes) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  EXPECT_EQ(WriteTimeoutWithin(seconds(30), seconds(20)), seconds(10));  // the chaos harness
+  EXPECT_EQ(WriteTimeoutWithin(seconds(30), seconds(60)), seconds(30));  // the default: unchanged
+  EXPECT_EQ(WriteTimeoutWithin(seconds(30), milliseconds(0)), milliseconds(1));
+}
 
 TEST_F(AgentRunnerTest, PublishedVersionsReachTheReceiversAndTheController) {
   for (int r = 0; r < kTrainers; ++r) StartAgent(r, names_[r]);
