@@ -134,13 +134,10 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     if (!published.ok()) continue;  // nothing new yet; look at `stop` again
     const uint64_t v = *published;
     last = v;
-    Status why;
-    VersionDecision decision = StartVersion(client, rank.rank, v, epoch, options.log, &why);
-    for (int tries = 0; decision == VersionDecision::kReplan && tries < 3; ++tries) {
-      why = replan();
-      if (!why.ok()) return why;
-      decision = StartVersion(client, rank.rank, v, epoch, options.log, &why);
-    }
+    Status why, replan_error;
+    const VersionDecision decision = StartVersionAtCurrentEpoch(
+        client, rank.rank, v, epoch, options.log, [&] { return replan(); }, &why, &replan_error);
+    if (!replan_error.ok()) return replan_error;
     if (decision != VersionDecision::kRun) {
       // Every peer that ran `v` failed a collective with this rank and
       // rebuilds its groups under the next version: this rank must too.

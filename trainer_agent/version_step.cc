@@ -49,6 +49,22 @@ VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank,
   return VersionDecision::kRun;
 }
 
+VersionDecision StartVersionAtCurrentEpoch(controller::ControllerClient& client, int32_t rank, uint64_t v,
+                                           const uint64_t& epoch, const std::function<void(const std::string&)>& log,
+                                           const std::function<Status()>& replan, Status* why, Status* replan_error) {
+  *replan_error = Status::Ok();
+  VersionDecision decision = StartVersion(client, rank, v, epoch, log, why);
+  for (int tries = 0; decision == VersionDecision::kReplan && tries < 3; ++tries) {
+    *replan_error = replan();
+    if (!replan_error->ok()) {
+      if (why != nullptr) *why = *replan_error;
+      return VersionDecision::kReplan;
+    }
+    decision = StartVersion(client, rank, v, epoch, log, why);
+  }
+  return decision;
+}
+
 nlohmann::json VersionStats(const VersionReport& r) {
   const StageSeconds& s = r.seconds;
   return {{"stages",

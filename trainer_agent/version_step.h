@@ -40,6 +40,15 @@ enum class VersionDecision { kRun, kSkip, kReplan };
 VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v, uint64_t epoch,
                              const std::function<void(const std::string&)>& log, Status* why);
 
+// StartVersion at the current registration epoch: while the controller
+// serves a newer one, `replan` (fetch the slice again, rebuild the executor,
+// update `epoch`) and start again, three times at most. A failed `replan`
+// ends it with kReplan and its error in `replan_error` (and `why`); kReplan
+// with `replan_error` OK means the epoch moved on every try.
+VersionDecision StartVersionAtCurrentEpoch(controller::ControllerClient& client, int32_t rank, uint64_t v,
+                                           const uint64_t& epoch, const std::function<void(const std::string&)>& log,
+                                           const std::function<Status()>& replan, Status* why, Status* replan_error);
+
 // The executor's report as the controller keeps it (`stats` of trainer_done).
 nlohmann::json VersionStats(const VersionReport& report);
 

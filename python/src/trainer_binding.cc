@@ -172,13 +172,9 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
   }
   pipeline_ = std::thread([this, v, state, shards = std::move(shards)]() mutable {
     auto log = [this](const std::string& line) { LogLine(rank_, line); };
-    Status why;
-    auto decision = trainer_agent::StartVersion(client_, rank_, v, epoch_, log, &why);
-    for (int tries = 0; decision == trainer_agent::VersionDecision::kReplan && tries < 3; ++tries) {
-      why = Replan();
-      if (!why.ok()) break;
-      decision = trainer_agent::StartVersion(client_, rank_, v, epoch_, log, &why);
-    }
+    Status why, replan_error;
+    const auto decision = trainer_agent::StartVersionAtCurrentEpoch(
+        client_, rank_, v, epoch_, log, [this] { return Replan(); }, &why, &replan_error);
     if (decision != trainer_agent::VersionDecision::kRun) {
       // The peers that ran `v` rebuild their groups under the next version.
       if (executor_ != nullptr) executor_->ResetGroups();
