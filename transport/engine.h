@@ -170,6 +170,9 @@ struct Capabilities {
   bool remote_cq_data = true;
   // The transport library and version, e.g. "libfabric 1.17".
   std::string library;
+  // A known weakness of this library and provider that users should hear
+  // of at start (one sentence; empty if none), e.g. shm before libfabric 2.
+  std::string caveat;
 };
 
 class Engine {

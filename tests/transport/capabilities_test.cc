@@ -43,6 +43,19 @@ TEST(CapabilitiesTest, CudaMemoryIsRefusedClearlyWhenTheEngineSaysItCannot) {
   EXPECT_NE(region.status().message().find("without CUDA support"), std::string::npos) << region.status().ToString();
 }
 
+// A user of shm on libfabric 1.x hears of its dead-writer stall at start,
+// in the line every agent logs; a 2.x shm carries no such caveat.
+TEST(CapabilitiesTest, ShmBeforeLibfabricTwoNamesItsDeadWriterStall) {
+  fabric::LibfabricOptions o;
+  o.provider = "shm";
+  auto engine = fabric::CreateLibfabricEngine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const bool before_two = (*engine)->capabilities().library.rfind("libfabric 1.", 0) == 0;
+  EXPECT_EQ((*engine)->capabilities().caveat.empty(), !before_two) << (*engine)->Describe();
+  EXPECT_EQ((*engine)->Describe().find("caveat: shm before libfabric 2") != std::string::npos, before_two)
+      << (*engine)->Describe();
+}
+
 // The shm CUDA check looks a parameter up by the name fi_getparams lists it
 // under, its environment variable (looking for the defined name instead made
 // every libfabric look too old: seen on an H200 with a 2.7 build).

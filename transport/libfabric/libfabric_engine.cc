@@ -18,6 +18,15 @@ class LibfabricEngine final : public Engine {
     WSYNC_ASSIGN_OR_RETURN(engine->group_, DomainGroup::Start(options, &engine->callbacks_));
     const uint32_t v = fi_version();
     engine->caps_.library = "libfabric " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+    // libfabric 1.x's shm takes a spin lock in the target's shared region
+    // for every RMA; a writer killed while holding it stalls every other
+    // writer to that target inside fi_writedata (seen once in 200 chaos
+    // faults; none on 2.7: docs/CONTROL_PLANE.md).
+    if (engine->group_->provider() == "shm" && FI_MAJOR(v) < 2) {
+      engine->caps_.caveat =
+          "shm before libfabric 2: a writer killed inside a write can stall every writer to that target "
+          "(docs/CONTROL_PLANE.md)";
+    }
     if (options.enable_hmem) engine->ProbeCuda();
     return std::unique_ptr<Engine>(std::move(engine));
   }
@@ -33,7 +42,8 @@ class LibfabricEngine final : public Engine {
   std::string Describe() const override {
     return caps_.library + " " + group_->provider() + ", " + std::to_string(num_nics()) + " NIC(s), worker " +
            group_->pinned_where() + ", CUDA memory " +
-           (caps_.cuda_memory ? "yes" : caps_.cuda_memory_note.empty() ? "no" : "no: " + caps_.cuda_memory_note);
+           (caps_.cuda_memory ? "yes" : caps_.cuda_memory_note.empty() ? "no" : "no: " + caps_.cuda_memory_note) +
+           (caps_.caveat.empty() ? "" : "; caveat: " + caps_.caveat);
   }
   uint32_t ArrivalsPerWrite(uint64_t length) const override { return group_->ArrivalsPerWrite(length); }
   uint32_t ArrivalsPerPagedWrite(uint32_t pages) const override { return group_->ArrivalsPerPagedWrite(pages); }
