@@ -36,7 +36,7 @@ say "2. GPU-to-GPU writes: libfabric's fi_rma_bw vs the engine (shm, FI_HMEM cud
 WINDOW=${WINDOW:-16}
 ROUNDS=${ROUNDS:-3}
 printf "%10s %14s %14s %8s\n" bytes fi_rma_bw_GBps wsync_GBps ratio | tee "$OUT/writes.txt"
-best() { tr ' ' '\n' | awk 'BEGIN {m = ""} $1 != "" && ($1 + 0 > m + 0 || m == "") {m = $1} END {print m}'; }
+best() { tr ' ' '\n' | grep . | sort -g | tail -1; }  # the largest figure, or nothing
 for size in $SIZES; do
   iters=${ITERS:-$(( size >= 67108864 ? 40 : 400 ))}
   refs="" ours_all=""
