@@ -48,6 +48,63 @@ bool BoxWithin(const Box& inner, const Box& outer) {
   return true;
 }
 
+bool ContiguousIn(const Box& box, const Box& held, int64_t* first_element) {
+  const int n = box.ndim;
+  if (n != held.ndim || box.NumElements() == 0 || !BoxWithin(box, held)) return false;
+  int outer = 0;  // the outermost dim longer than 1; those before it are single slices
+  while (outer < n - 1 && box.size[outer] == 1) ++outer;
+  for (int d = outer + 1; d < n; ++d) {
+    if (box.size[d] != held.size[d]) return false;
+  }
+  int64_t at = 0, stride = 1;
+  for (int d = n - 1; d >= 0; --d) {
+    at += (box.offset[d] - held.offset[d]) * stride;
+    stride *= held.size[d];
+  }
+  *first_element = at;
+  return true;
+}
+
+bool AsPitchedRuns(const Box& box, const Box& held, PitchedRuns* out) {
+  const int n = box.ndim;
+  if (n != held.ndim || box.NumElements() == 0 || !BoxWithin(box, held)) return false;
+  // Levels from the innermost out, as (count, pitch) with the run first; a
+  // dim merges into the level inside it when that level spans its stride.
+  int64_t count[3] = {1, 1, 1}, pitch[3] = {1, 0, 0};
+  int levels = 1;
+  int64_t stride = 1, first = 0;
+  for (int d = n - 1; d >= 0; --d) {
+    first += (box.offset[d] - held.offset[d]) * stride;
+    if (box.size[d] != 1) {
+      int top = levels - 1;
+      if (count[top] * pitch[top] == stride || (top == 0 && count[0] == 1)) {
+        if (top == 0 && count[0] == 1) pitch[0] = stride;
+        count[top] *= box.size[d];
+      } else if (levels == 3) {
+        return false;
+      } else {
+        count[levels] = box.size[d];
+        pitch[levels] = stride;
+        ++levels;
+      }
+    }
+    stride *= held.size[d];
+  }
+  if (pitch[0] != 1) {
+    // The innermost cut dim is not the last (every later dim has size 1):
+    // runs of one element. Still exact, just not fast.
+    if (levels == 3) return false;
+    count[2] = count[1];
+    pitch[2] = pitch[1];
+    count[1] = count[0];
+    pitch[1] = pitch[0];
+    count[0] = 1;
+    pitch[0] = 1;
+  }
+  *out = PitchedRuns{first, count[0], count[1], pitch[1], count[2], pitch[2]};
+  return true;
+}
+
 void PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) {
   const int n = box.ndim;
   if (box.NumElements() == 0) return;

@@ -23,6 +23,28 @@ bool CanCast(DType from, DType to);
 // True if `inner` lies within `outer` (same ndim).
 bool BoxWithin(const Box& inner, const Box& outer);
 
+// Whether `box` of a row-major buffer holding exactly `held` is one
+// contiguous run of it (every dim inside the outermost one longer than 1 is
+// whole), and if so where the run starts, in elements. A write of such a box
+// needs no packing. False for an empty box.
+bool ContiguousIn(const Box& box, const Box& held, int64_t* first_element);
+
+// `box` of a row-major buffer holding exactly `held`, as at most
+// `planes` x `rows` runs of `run` contiguous elements: run r of plane p
+// starts at element first + p * plane_pitch + r * pitch. The shape a
+// pitched 2D copy (cudaMemcpy2D) takes, looped over planes.
+struct PitchedRuns {
+  int64_t first = 0;
+  int64_t run = 0;
+  int64_t rows = 1;
+  int64_t pitch = 0;
+  int64_t planes = 1;
+  int64_t plane_pitch = 0;
+};
+// False for an empty box, or one that needs more than three levels (a box
+// cut in three or more non-adjacent dims).
+bool AsPitchedRuns(const Box& box, const Box& held, PitchedRuns* out);
+
 // Copies `box` of a tensor whose buffer `data` holds exactly the region
 // `held` (row-major, dtype `from`) to `out`, row-major, as dtype `to`. The
 // box must lie within `held` and the cast must pass CanCast.
