@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "routing/dtype.h"
@@ -44,10 +45,16 @@ class DeviceOps {
   // box_pack.h's PackBox, on device memory.
   virtual Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to,
                          uint8_t* out) = 0;
+  // Whether QuantizeHeld may read `p` where it is: this device's memory, or
+  // host memory it maps. Else the executor copies the shard over first.
+  virtual bool CanRead(const void* p) = 0;
   // box_pack.h's QuantizeHeld, on device memory: InvalidArgument for NaN/Inf.
   virtual Status QuantizeHeld(const uint16_t* data, const Box& held, uint8_t* q, float* scales) = 0;
-  // Returns once everything issued above has finished.
-  virtual Status Synchronize() = 0;
+  // Returns once everything issued above has finished. Every QuantizeHeld
+  // that returned OK since the last Synchronize gets an entry in
+  // `nonfinite`, in issue order: whether it met a NaN or an infinity (its
+  // codes must not be sent). With null, any such is an InvalidArgument.
+  virtual Status Synchronize(std::vector<bool>* nonfinite) = 0;
 };
 
 }  // namespace wsync

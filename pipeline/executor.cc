@@ -71,11 +71,33 @@ Status PlanExecutor::Impl::CheckVersion(size_t g, uint64_t version) {
 
 // ------------------------------------------------------------------- run --
 
-void PlanExecutor::Impl::OnWriteDone(const SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s) {
+void PlanExecutor::Impl::Unpin(SourceWork& sw) {
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    last = --sw.pins == 0;
+  }
+  if (last && sw.transient_bytes > 0) arena->Free(sw.chunk, sw.transient_bytes);  // also wakes a watermark wait
+}
+
+void PlanExecutor::Impl::OnWriteDone(SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s) {
   if (!s.ok()) RecordError(s.WithContext(WriteWhere(sw, *ww.write)));
-  arena->Free(offset, ww.staging_bytes);  // also wakes a watermark wait
+  if (ww.direct) {
+    Unpin(sw);
+  } else {
+    arena->Free(offset, ww.staging_bytes);
+  }
   std::lock_guard<std::mutex> lock(mu);
   if (--inflight == 0) idle.notify_all();
+}
+
+void PlanExecutor::Impl::GiveBack(SourceWork& sw, size_t posted) {
+  if (sw.fallback) arena->Free(*sw.fallback, sw.fallback_bytes);
+  sw.fallback.reset();
+  for (size_t i = posted; i < sw.writes.size(); ++i) {
+    if (!sw.writes[i].direct) arena->Free(sw.chunk + sw.writes[i].staging_at, sw.writes[i].staging_bytes);
+  }
+  Unpin(sw);
 }
 
 Status PlanExecutor::Impl::WaitWrites(Clock::time_point deadline) {
@@ -95,49 +117,165 @@ void PlanExecutor::Impl::RecordError(const Status& s) {
   write_failed.store(true, std::memory_order_release);
 }
 
+void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
+                                    const std::function<Status(const WriteWork&)>& pack, size_t* posted,
+                                    VersionReport* report, Clock::time_point* t0) {
+  StageSeconds& t = report->seconds;
+  for (; *posted < sw.writes.size(); ++*posted) {
+    const WriteWork& ww = sw.writes[*posted];
+    const RankWrite& w = *ww.write;
+    if (pack && !ww.direct) {
+      Status packed = pack(ww);
+      if (!packed.ok()) {
+        RecordError(packed.WithContext(WriteWhere(sw, w) + ": pack"));
+        return;
+      }
+    }
+    const auto tp = Clock::now();
+    t.quantize_pack += std::chrono::duration<double>(tp - *t0).count();
+    transport::SingleWrite req;
+    req.src = arena->region();
+    req.src_offset = sw.chunk + ww.staging_at;
+    req.dst = remotes[ww.remote];
+    req.dst_offset = w.region_offset;
+    req.length = w.bytes;
+    req.imm = imm;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++inflight;
+      if (ww.direct) ++sw.pins;
+    }
+    const uint64_t offset = req.src_offset;
+    Status s = engine->Write(req, [this, &sw, &ww, offset](const Status& st) { OnWriteDone(sw, ww, offset, st); });
+    *t0 = Clock::now();
+    t.post += std::chrono::duration<double>(*t0 - tp).count();
+    if (!s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --inflight;
+        if (ww.direct) --sw.pins;  // never the last: the poster holds one
+      }
+      RecordError(s.WithContext(WriteWhere(sw, w)));
+      return;
+    }
+    report->written_bytes += w.bytes;
+    ++report->writes;
+  }
+}
+
+void PlanExecutor::Impl::ReadsDoneAfter(const SourceWork& sw) {
+  if (reads_reported || &sw != &work.back()) return;
+  reads_reported = true;
+  run_shards->ReadsDone(run_version);
+  run_report->reads_done_after = Since(run_start);
+}
+
+void PlanExecutor::Impl::Settle(const SourceWork& sw, const char* stage) {
+  if (options.device == nullptr) return;
+  std::vector<bool> nonfinite;
+  Status s = options.device->Synchronize(&nonfinite);
+  if (!s.ok()) RecordError(s.WithContext(Where(sw) + ": " + stage));
+  for (size_t i = 0; i < quantized.size() && i < nonfinite.size(); ++i) {
+    if (nonfinite[i]) {
+      RecordError(InvalidArgument(Where(*quantized[i]) + ": fp8 quantize: NaN or infinite weight: not quantized (never sent)"));
+    }
+  }
+  quantized.clear();
+}
+
+StatusOr<uint64_t> PlanExecutor::Impl::AllocateTemp(uint64_t bytes, bool* waited) {
+  if (!pending.empty()) {
+    // Memory held by pending sources comes back only once they are posted.
+    StatusOr<uint64_t> at = arena->Allocate(bytes, Clock::time_point::min(), [] { return false; }, waited);
+    if (at.ok()) return at;
+    FlushPending();
+  }
+  return arena->Allocate(bytes, Clock::now() + options.write_timeout, [] { return false; }, waited);
+}
+
+void PlanExecutor::Impl::FlushPending(bool post) {
+  if (pending.empty()) return;
+  auto t0 = Clock::now();
+  Settle(*pending.back(), "quantize and pack");
+  if (post) {
+    for (SourceWork* sw : pending) ReadsDoneAfter(*sw);
+  }
+  for (SourceWork* sw : pending) {
+    size_t posted = 0;
+    if (post && !write_failed.load(std::memory_order_acquire)) {
+      PostWrites(*sw, static_cast<uint32_t>(run_version), nullptr, &posted, run_report, &t0);
+    }
+    GiveBack(*sw, posted);
+  }
+  pending.clear();
+}
+
 // Returns non-OK only for a failed collective (the group is then unusable and
 // the peers have failed too). Any other failure is recorded and the source's
 // collectives still run with whatever data there is, writing nothing, so the
 // peers finish the version quickly instead of waiting for a Gloo timeout.
-Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSource& shards, VersionReport* report) {
+Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   const RankSource& src = *sw.src;
+  VersionReport* report = run_report;
   StageSeconds& t = report->seconds;
+  DeviceOps* device = options.device;
 
   if (sw.need == 0) {
-    if (&sw == &work.back()) {
-      shards.ReadsDone(version);
-      report->reads_done_after = Since(run_start);
-    }
+    if (&sw == &work.back()) FlushPending();  // the pending sources' reads are the version's last
+    ReadsDoneAfter(sw);
     return Status::Ok();
   }
 
   // 1. watermark
   auto t0 = Clock::now();
   bool waited = false;
-  StatusOr<uint64_t> chunk = arena->Allocate(sw.need, t0 + options.write_timeout, [] { return false; }, &waited);
+  StatusOr<uint64_t> chunk = AllocateTemp(sw.need, &waited);
   t.watermark_wait += Since(t0);
   if (!chunk.ok()) return chunk.status().WithContext(Where(sw) + ": waiting for temporary memory");
   report->watermark_waits += waited ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sw.chunk = *chunk;
+    sw.pins = 1;
+  }
+  sw.fallback.reset();
   uint8_t* base = arena->data() + *chunk;
   uint8_t* held = base;
-  size_t posted = 0;
-  auto give_back = [&] {
-    arena->Free(*chunk, sw.transient_bytes);
-    for (size_t i = posted; i < sw.writes.size(); ++i) {
-      arena->Free(*chunk + sw.writes[i].staging_at, sw.writes[i].staging_bytes);
-    }
+  // Gives back what the source holds once the device is done with it.
+  auto give_up = [&](const char* stage) {
+    Settle(sw, stage);
+    ReadsDoneAfter(sw);
+    GiveBack(sw, 0);
+    return Status::Ok();
   };
 
-  // 2. copy
+  // 2. copy (none for a source quantized in place, if the device reaches it)
   t0 = Clock::now();
   uint64_t bytes = 0;
-  const uint8_t* local = shards.Shard(src.name, &bytes);
+  const uint8_t* local = run_shards->Shard(src.name, &bytes);
+  const uint8_t* quantize_from = held;
   if ((local == nullptr && sw.local_bytes > 0) || bytes != sw.local_bytes) {
     RecordError(FailedPrecondition(Where(sw) + ": the trainer exports " + std::to_string(bytes) +
                                    " bytes for it, but the plan's local shard " + BoxStr(src.local) + " is " +
                                    std::to_string(sw.local_bytes) + " bytes"));
-    Status z = Zero(held + sw.local_at, sw.local_bytes);
-    if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
+    if (!sw.in_place) {  // the all-gather still runs, on zeros
+      Status z = Zero(held + sw.local_at, sw.local_bytes);
+      if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
+    }
+  } else if (sw.in_place) {
+    quantize_from = local;
+    if (device != nullptr && !device->CanRead(local)) {
+      bool also_waited = false;
+      StatusOr<uint64_t> staged = AllocateTemp(sw.fallback_bytes, &also_waited);
+      if (!staged.ok()) {
+        RecordError(staged.status().WithContext(Where(sw) + ": waiting for temporary memory"));
+      } else {
+        sw.fallback = *staged;
+        quantize_from = arena->data() + *staged;
+        Status c = Copy(arena->data() + *staged, local, sw.local_bytes);
+        if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
+      }
+    }
   } else if (sw.local_bytes > 0) {
     Status c = Copy(held + sw.local_at, local, sw.local_bytes);
     if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
@@ -150,53 +288,42 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
     t0 = Clock::now();
     // A device group's collective runs on a stream of its own: the shard
     // copied above must be in place first.
-    if (options.device != nullptr) {
-      Status synced = options.device->Synchronize();
-      if (!synced.ok()) RecordError(synced.WithContext(Where(sw) + ": copy"));
-    }
+    Settle(sw, "copy");
     Status s = gather_groups[sw.gather_group]->AllGatherShards(held + sw.local_at, held, sw.held_shape,
                                                                src.gather_dim, src.dtype);
     t.all_gather += Since(t0);
     if (!s.ok()) {
-      give_back();
+      GiveBack(sw, 0);
       return s.WithContext(Where(sw) + ": all-gather");
     }
   }
   report->gathered_bytes += sw.held_bytes;
-  if (&sw == &work.back()) {
-    // The copies out of the shards are asynchronous on a device: they must
-    // have finished before the trainer may change its weights.
-    if (options.device != nullptr) {
-      Status s = options.device->Synchronize();
-      if (!s.ok()) RecordError(s.WithContext(Where(sw) + ": copy"));
-    }
-    shards.ReadsDone(version);
-    report->reads_done_after = Since(run_start);
+  if (!sw.in_place && &sw == &work.back()) {
+    Settle(sw, "copy");  // the copies out of the shards are asynchronous on a device
+    FlushPending();
+    ReadsDoneAfter(sw);
   }
-  if (write_failed.load(std::memory_order_acquire)) {
-    give_back();
-    return Status::Ok();
-  }
+  if (write_failed.load(std::memory_order_acquire)) return give_up("copy");
 
   // 4. quantize
   t0 = Clock::now();
   if (sw.quantize) {
-    const auto* bf16 = reinterpret_cast<const uint16_t*>(held);
+    const auto* bf16 = reinterpret_cast<const uint16_t*>(quantize_from);
     auto* scales = reinterpret_cast<float*>(base + sw.scale_at);
-    Status s = options.device != nullptr ? options.device->QuantizeHeld(bf16, src.held, base + sw.q_at, scales)
-                                         : QuantizeHeld(bf16, src.held, base + sw.q_at, scales);
+    Status s = device != nullptr ? device->QuantizeHeld(bf16, src.held, base + sw.q_at, scales)
+                                 : QuantizeHeld(bf16, src.held, base + sw.q_at, scales);
     if (!s.ok()) {
       RecordError(s.WithContext(Where(sw) + ": fp8 quantize"));
-      give_back();
-      return Status::Ok();
+      return give_up("fp8 quantize");
     }
+    if (device != nullptr) quantized.push_back(&sw);
   }
 
-  // 5. pack + post. On a device every write's box is packed first and the
-  // stream drained once, since a write may only be posted once its staging
-  // is final; on the host each write is packed just before it is posted.
+  // 5. pack + post. Direct writes need no pack. On a device the other boxes
+  // are packed now and the source waits in `pending`: a write may only be
+  // posted once its bytes are final, and one wait for the device covers many
+  // sources. On the host each write is packed just before it is posted.
   const Box grid = sw.quantize ? HeldScaleGrid(src.held) : Box{};
-  const uint32_t imm = static_cast<uint32_t>(version);
   auto pack = [&](const WriteWork& ww) -> Status {
     const RankWrite& w = *ww.write;
     uint8_t* out = base + ww.staging_at;
@@ -206,59 +333,24 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
     }
     return Pack(held, src.held, src.dtype, w.src_box, w.dst_dtype, out);
   };
-  const bool prepack = options.device != nullptr;
-  if (prepack) {
-    Status packed;
-    for (size_t i = 0; i < sw.writes.size() && packed.ok(); ++i) {
-      packed = pack(sw.writes[i]);
-      if (!packed.ok()) packed = packed.WithContext(WriteWhere(sw, *sw.writes[i].write) + ": pack");
-    }
-    if (packed.ok()) packed = options.device->Synchronize().WithContext(Where(sw) + ": pack");
+  if (device == nullptr) {
+    ReadsDoneAfter(sw);  // the quantize above has read the shard
+    size_t posted = 0;
+    PostWrites(sw, static_cast<uint32_t>(run_version), pack, &posted, report, &t0);
+    GiveBack(sw, posted);  // the staging of writes not posted, and the poster's hold on the transient part
+    return Status::Ok();
+  }
+  for (const WriteWork& ww : sw.writes) {
+    if (ww.direct) continue;
+    Status packed = pack(ww);
     if (!packed.ok()) {
-      RecordError(packed);
-      give_back();
-      return Status::Ok();
+      RecordError(packed.WithContext(WriteWhere(sw, *ww.write) + ": pack"));
+      return give_up("pack");
     }
   }
-  for (; posted < sw.writes.size(); ++posted) {
-    const WriteWork& ww = sw.writes[posted];
-    const RankWrite& w = *ww.write;
-    if (!prepack) {
-      Status packed = pack(ww);
-      if (!packed.ok()) {
-        RecordError(packed.WithContext(WriteWhere(sw, w) + ": pack"));
-        break;
-      }
-    }
-    const auto tp = Clock::now();
-    t.quantize_pack += std::chrono::duration<double>(tp - t0).count();
-    transport::SingleWrite req;
-    req.src = arena->region();
-    req.src_offset = *chunk + ww.staging_at;
-    req.dst = remotes[ww.remote];
-    req.dst_offset = w.region_offset;
-    req.length = w.bytes;
-    req.imm = imm;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ++inflight;
-    }
-    const uint64_t offset = req.src_offset;
-    Status s = engine->Write(req, [this, &sw, &ww, offset](const Status& st) { OnWriteDone(sw, ww, offset, st); });
-    t0 = Clock::now();
-    t.post += std::chrono::duration<double>(t0 - tp).count();
-    if (!s.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        --inflight;
-      }
-      RecordError(s.WithContext(WriteWhere(sw, w)));
-      break;
-    }
-    report->written_bytes += w.bytes;
-    ++report->writes;
-  }
-  give_back();  // the transient part, and the staging of writes not posted
+  t.quantize_pack += Since(t0);
+  pending.push_back(&sw);
+  if (pending.size() >= kMaxPending || &sw == &work.back()) FlushPending();
   return Status::Ok();
 }
 
@@ -289,7 +381,7 @@ PlanExecutor::~PlanExecutor() {
 
 uint64_t PlanExecutor::max_source_need() const {
   uint64_t need = 0;
-  for (const SourceWork& sw : impl_->work) need = std::max(need, sw.need);
+  for (const SourceWork& sw : impl_->work) need = std::max(need, sw.need + sw.fallback_bytes);
   return need;
 }
 
@@ -309,6 +401,10 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
   report.sources = impl.work.size();
   report.watermark_bytes = impl.options.watermark_bytes;
   impl.run_start = Clock::now();
+  impl.run_version = version;
+  impl.run_shards = &shards;
+  impl.run_report = &report;
+  impl.reads_reported = false;
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     impl.write_error = Status::Ok();
@@ -329,10 +425,11 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
       break;
     }
     for (size_t i = impl.group_work[g].first; i < impl.group_work[g].second && failure.ok(); ++i) {
-      failure = impl.RunSource(impl.work[i], version, shards, &report);
+      failure = impl.RunSource(impl.work[i]);
       if (!failure.ok()) impl.groups_ready = false;
     }
     if (!failure.ok()) break;
+    impl.FlushPending();  // every write of the group is posted before its barrier
     t0 = Clock::now();
     Status s = impl.mesh_groups[g]->Barrier();
     report.seconds.barrier += Since(t0);
@@ -342,6 +439,7 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
                               "': barrier");
     }
   }
+  impl.FlushPending(/*post=*/failure.ok());
   if (!failure.ok() && !impl.groups_ready) {
     impl.gather_groups.clear();  // broken; the next Run rebuilds under a new generation
     impl.mesh_groups.clear();
@@ -361,6 +459,49 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
   if (!failure.ok() && !writes.ok()) return Status(failure.code(), failure.message() + "; its writes: " + writes.message());
   if (!failure.ok()) return failure;
   if (!writes.ok()) return writes;
+  return report;
+}
+
+StatusOr<VersionReport> PlanExecutor::ReplayWrites() {
+  Impl& impl = *impl_;
+  VersionReport report;
+  report.sources = impl.work.size();
+  report.watermark_bytes = impl.options.watermark_bytes;
+  impl.run_start = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    impl.write_error = Status::Ok();
+    impl.write_failed.store(false);
+  }
+  if (impl.arena) impl.arena->ResetPeak();
+  for (SourceWork& sw : impl.work) {
+    if (sw.need == 0 || impl.write_failed.load(std::memory_order_acquire)) continue;
+    auto t0 = Clock::now();
+    bool waited = false;
+    StatusOr<uint64_t> chunk =
+        impl.arena->Allocate(sw.need, t0 + impl.options.write_timeout, [] { return false; }, &waited);
+    report.seconds.watermark_wait += Since(t0);
+    if (!chunk.ok()) {
+      impl.RecordError(chunk.status().WithContext(impl.Where(sw) + ": waiting for temporary memory"));
+      break;
+    }
+    report.watermark_waits += waited ? 1 : 0;
+    {
+      std::lock_guard<std::mutex> lock(impl.mu);
+      sw.chunk = *chunk;
+      sw.pins = 1;
+    }
+    size_t posted = 0;
+    t0 = Clock::now();
+    impl.PostWrites(sw, std::nullopt, nullptr, &posted, &report, &t0);
+    impl.GiveBack(sw, posted);
+  }
+  auto t0 = Clock::now();
+  Status writes = impl.WaitWrites(Clock::now() + impl.options.write_timeout);
+  report.seconds.wait_writes += Since(t0);
+  report.seconds.total = Since(impl.run_start);
+  if (impl.arena) report.peak_temp_bytes = impl.arena->peak();
+  if (!writes.ok()) return writes.WithContext("replaying the plan's writes");
   return report;
 }
 

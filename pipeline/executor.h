@@ -119,6 +119,14 @@ class PlanExecutor {
   // the same order. Not reentrant.
   StatusOr<VersionReport> Run(uint64_t version, ShardSource& shards);
 
+  // For benches: posts every write of the plan as Run does (same sizes,
+  // destinations, order and watermark) straight from the arena, with no
+  // immediate and none of the stages before the write, and waits for them:
+  // what the engine alone takes for this plan's writes. The bytes are
+  // whatever the arena holds, so the inference weights are garbage after it
+  // until the next version lands (the inference ranks count nothing).
+  StatusOr<VersionReport> ReplayWrites();
+
   const TrainerRankPlan& plan() const { return plan_; }
   // Temporary memory actually mapped (<= watermark).
   uint64_t arena_bytes() const;

@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,14 +47,20 @@ inline StatusOr<transport::MemoryDescriptor> ParseDescriptorText(const std::stri
 // One write of one source, resolved at Create.
 struct WriteWork {
   const RankWrite* write = nullptr;
-  size_t remote = 0;        // index into Impl::remotes
-  uint64_t staging_at = 0;  // offset of its staging inside the source's chunk
-  uint64_t staging_bytes = 0;
+  size_t remote = 0;  // index into Impl::remotes
+  // A box that is one contiguous run of the buffer it is cut from (held, q
+  // or the scales), with no cast, is written straight from that buffer: no
+  // staging slot, no pack.
+  bool direct = false;
+  uint64_t staging_at = 0;     // offset inside the source's chunk: its staging slot, or a direct write's bytes
+  uint64_t staging_bytes = 0;  // 0 for a direct write
 };
 
 // One source, resolved at Create. Its temporary memory is one chunk of the
-// arena: [held | gloo reserve | q | scales] (transient, given back after
-// packing) followed by one staging slot per write (given back per write).
+// arena: [held | gloo reserve | q | scales] (transient), then one staging
+// slot per packed write (given back per write). The transient part is given
+// back once the source's writes are posted and its direct writes (which read
+// it) have completed.
 struct SourceWork {
   size_t mesh_group = 0;
   const RankSource* src = nullptr;
@@ -62,13 +70,24 @@ struct SourceWork {
   uint64_t held_bytes = 0;
   uint64_t local_at = 0;  // where the local shard goes inside the held buffer
   bool quantize = false;
+  // Quantized straight out of the trainer's shard: nothing to gather and
+  // every write fp8 codes or scales, so the chunk has no held part. Where the
+  // device cannot read the shard in place, it is first copied into
+  // `fallback_bytes` of the arena of its own.
+  bool in_place = false;
+  uint64_t fallback_bytes = 0;
+  std::optional<uint64_t> fallback;  // this version's copy of the shard, if made
   uint64_t q_at = 0;
   uint64_t scale_at = 0;
   uint64_t transient_bytes = 0;
-  uint64_t need = 0;
+  uint64_t need = 0;  // the chunk
   std::vector<WriteWork> writes;
+  // This version's chunk and the holds on its transient part: the poster's
+  // own until it has posted, plus one per direct write in flight. Under
+  // Impl::mu.
+  uint64_t chunk = 0;
+  uint32_t pins = 0;
 };
-
 
 }  // namespace executor_detail
 
@@ -101,6 +120,19 @@ struct PlanExecutor::Impl {
   bool writes_timed_out = false;  // under mu: the last Run's, for writes_timed_out()
   Clock::time_point run_start;
 
+  // The version Run is in (executor thread only).
+  uint64_t run_version = 0;
+  ShardSource* run_shards = nullptr;
+  VersionReport* run_report = nullptr;
+  bool reads_reported = false;
+  // On a device, sources whose stages are issued but whose writes are not
+  // posted yet, in plan order: one wait for the device covers them all
+  // (FlushPending), not one per source. Each issued at most one quantize;
+  // `quantized` lists those in issue order, for the NaN/Inf flags.
+  static constexpr size_t kMaxPending = 32;
+  std::vector<SourceWork*> pending;
+  std::vector<SourceWork*> quantized;
+
   std::string Where(const SourceWork& sw) const {
     return "trainer rank " + std::to_string(plan->rank) + ": mesh group '" + plan->groups[sw.mesh_group].name +
            "': tensor '" + sw.src->name + "'";
@@ -115,8 +147,27 @@ struct PlanExecutor::Impl {
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
   Status EnsureGroups(uint64_t version);
   Status CheckVersion(size_t g, uint64_t version);
-  Status RunSource(SourceWork& sw, uint64_t version, ShardSource& shards, VersionReport* report);
-  void OnWriteDone(const SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s);
+  Status RunSource(SourceWork& sw);
+  // Tells the trainer it may go on, if `sw` is the version's last source.
+  void ReadsDoneAfter(const SourceWork& sw);
+  // Waits for the device's work, recording a NaN/Inf a quantize met against
+  // its source (as its error; the version then posts nothing more).
+  void Settle(const SourceWork& sw, const char* stage);
+  // Temporary memory, posting what is pending first where waiting is needed.
+  StatusOr<uint64_t> AllocateTemp(uint64_t bytes, bool* waited);
+  // Settles and posts every pending source; without `post` (the version
+  // failed in a collective), or once a failure has stopped this rank's
+  // writes, only gives their memory back.
+  void FlushPending(bool post = true);
+  // Posts sw's writes from `posted` on (staging packed by `pack` just before,
+  // where given), with `imm`; stops at the first refused one.
+  void PostWrites(SourceWork& sw, std::optional<uint32_t> imm, const std::function<Status(const WriteWork&)>& pack,
+                  size_t* posted, VersionReport* report, Clock::time_point* t0);
+  // Gives back what sw still holds after posting: the staging of writes not
+  // posted, and the poster's hold on the transient part.
+  void GiveBack(SourceWork& sw, size_t posted);
+  void Unpin(SourceWork& sw);
+  void OnWriteDone(SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s);
   void RecordError(const Status& s);
   // The copy and pack stages on the device, or on the host without one.
   Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {

@@ -71,8 +71,18 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     sw.transient_bytes = AlignTemp(sw.held_bytes);
   }
 
+  bool all_fp8 = !src.writes.empty();
   for (const RankWrite& w : src.writes) {
-    if (w.kind == WriteKind::kScale || w.dst_dtype == DType::kFP8E4M3) sw.quantize = true;
+    const bool fp8 = w.kind == WriteKind::kScale || w.dst_dtype == DType::kFP8E4M3;
+    sw.quantize = sw.quantize || fp8;
+    all_fp8 = all_fp8 && fp8;
+  }
+  if (!gathers && all_fp8) {
+    // Quantized straight from the shard: no held copy to stage.
+    sw.in_place = true;
+    sw.transient_bytes = 0;
+    // A device may not reach the shard where it is (pageable host memory).
+    sw.fallback_bytes = options.device != nullptr ? AlignTemp(sw.held_bytes) : 0;
   }
   Box grid;
   if (sw.quantize) {
@@ -145,20 +155,31 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     WriteWork ww;
     ww.write = &w;
     ww.remote = it->second;
-    ww.staging_at = at;
-    ww.staging_bytes = AlignTemp(std::max<uint64_t>(w.bytes, 1));
-    at += ww.staging_bytes;
+    // Cut from the scales, the codes or the held tensor (at 0 of the chunk).
+    const bool codes = !scale && w.dst_dtype == DType::kFP8E4M3;
+    const uint64_t from_at = scale ? sw.scale_at : codes ? sw.q_at : 0;
+    const int64_t from_size = scale ? 4 : codes ? 1 : esize;
+    int64_t first = 0;
+    if ((scale || codes || w.dst_dtype == src.dtype) && ContiguousIn(w.src_box, scale ? grid : src.held, &first)) {
+      ww.direct = true;
+      ww.staging_at = from_at + static_cast<uint64_t>(first * from_size);
+    } else {
+      ww.staging_at = at;
+      ww.staging_bytes = AlignTemp(std::max<uint64_t>(w.bytes, 1));
+      at += ww.staging_bytes;
+    }
     sw.writes.push_back(ww);
   }
   sw.need = at;
   // Held whole with nothing to gather and nothing to send from here (a
   // replicated tensor another rank writes): this rank has no work for it.
-  if (sw.gather_group < 0 && sw.writes.empty()) sw.need = sw.transient_bytes = 0;
-  if (sw.need > options.watermark_bytes) {
-    return InvalidArgument(where + " needs " + std::to_string(sw.need) + " bytes of temporary memory (gathered " +
+  if (sw.gather_group < 0 && sw.writes.empty()) sw.need = sw.transient_bytes = sw.fallback_bytes = 0;
+  const uint64_t most = sw.need + sw.fallback_bytes;
+  if (most > options.watermark_bytes) {
+    return InvalidArgument(where + " needs " + std::to_string(most) + " bytes of temporary memory (held " +
                            std::to_string(sw.held_bytes) + ", staging " + std::to_string(sw.need - sw.transient_bytes) +
                            "), above the watermark of " + std::to_string(options.watermark_bytes) +
-                           " bytes; raise the watermark to at least " + std::to_string(sw.need));
+                           " bytes; raise the watermark to at least " + std::to_string(most));
   }
   work.push_back(std::move(sw));
   return Status::Ok();
@@ -179,8 +200,9 @@ Status PlanExecutor::Impl::Resolve() {
   }
   uint64_t staging = 0, largest = 0;
   for (const SourceWork& sw : work) {
-    staging += sw.need - sw.transient_bytes;
-    largest = std::max(largest, sw.need);
+    const bool direct = std::any_of(sw.writes.begin(), sw.writes.end(), [](const WriteWork& w) { return w.direct; });
+    staging += direct ? sw.need : sw.need - sw.transient_bytes;  // what writes in flight hold
+    largest = std::max(largest, sw.need + sw.fallback_bytes);
   }
   // Room for every write of the version in flight plus two sources' worth, so
   // fragmentation rarely makes a source wait when the watermark would not.

@@ -5,6 +5,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -16,6 +17,7 @@
 #ifdef WSYNC_FP8_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "pipeline/box_pack.h"
 #include "pipeline/fp8.h"
 #include "pipeline/fp8_cuda.h"
 #endif
@@ -76,7 +78,38 @@ class TorchCudaDevice : public DeviceOps {
     }).status();
   }
 
+  bool CanRead(const void* p) override {
+#ifdef WSYNC_FP8_CUDA
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a pointer CUDA knows: plain host memory
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice && a.device == ordinal_;
+#else
+    (void)p;
+    return false;
+#endif
+  }
+
   Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) override {
+#ifdef WSYNC_FP8_CUDA
+    // Without a cast a box is a pitched 2D copy per plane: one driver call,
+    // no ATen dispatch (a source of a TP row shard has hundreds of them).
+    PitchedRuns r;
+    if (from == to && AsPitchedRuns(box, held, &r)) {
+      const size_t e = DTypeSize(from);
+      const cudaStream_t stream = c10::cuda::CUDAStream(stream_).stream();
+      for (int64_t p = 0; p < r.planes; ++p) {
+        const uint8_t* src = data + (r.first + p * r.plane_pitch) * e;
+        uint8_t* dst = out + p * r.rows * r.run * e;
+        const cudaError_t err = cudaMemcpy2DAsync(dst, r.run * e, src, (r.rows > 1 ? r.pitch : r.run) * e, r.run * e,
+                                                  r.rows, cudaMemcpyDeviceToDevice, stream);
+        if (err != cudaSuccess) return Internal(name() + ": pack: " + cudaGetErrorString(err));
+      }
+      return Status::Ok();
+    }
+#endif
     return Run("pack", [&] {
       at::Tensor t = View(const_cast<uint8_t*>(data), held, from);
       for (int d = 0; d < box.ndim; ++d) t = t.narrow(d, box.offset[d] - held.offset[d], box.size[d]);
@@ -93,24 +126,33 @@ class TorchCudaDevice : public DeviceOps {
     if (!kernel_agrees_.has_value()) kernel_agrees_ = KernelAgreesWithReference();
     if (*kernel_agrees_) return KernelQuantize(data, held, q, scales);
 #endif
-    return AtenQuantize(data, held, q, scales);
+    Status s = AtenQuantize(data, held, q, scales);  // checks for NaN/Inf itself
+    if (s.ok()) issued_.push_back(-1);
+    return s;
   }
 
 #ifdef WSYNC_FP8_CUDA
   // pipeline/fp8_cuda.cu: one pass, no temporaries (the watermark bounds all
-  // the memory it touches). A NaN or an infinity raises a flag on the device
-  // that the next Synchronize reads, which the executor calls before posting
-  // any write of this source.
+  // the memory it touches). A NaN or an infinity raises this call's flag on
+  // the device, which the next Synchronize reads back with the stream's own
+  // work; the executor calls it before posting any write of the source.
   Status KernelQuantize(const uint16_t* data, const Box& held, uint8_t* q, float* scales) {
     return Run("fp8 quantize", [&]() -> void* {
       const int n = held.ndim;
       int64_t batch = 1;
       for (int d = 0; d + 2 < n; ++d) batch *= held.size[d];
-      if (!nonfinite_.defined()) nonfinite_ = at::zeros({1}, Options(at::kInt));
+      if (!nonfinite_.defined()) {
+        nonfinite_ = at::zeros({kFlagSlots}, Options(at::kInt));
+        flags_host_ = at::empty({kFlagSlots}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+      }
+      if (slots_ == kFlagSlots) {
+        throw std::runtime_error("more than " + std::to_string(kFlagSlots) + " quantizes between two synchronizes");
+      }
       const cudaError_t e = QuantizeFp8BlocksCuda(data, batch, held.size[n - 2], held.size[n - 1], q, scales,
-                                                  c10::cuda::CUDAStream(stream_).stream(), nonfinite_.data_ptr<int>());
+                                                  c10::cuda::CUDAStream(stream_).stream(),
+                                                  nonfinite_.data_ptr<int>() + slots_);
       if (e != cudaSuccess) throw std::runtime_error(std::string("kernel launch: ") + cudaGetErrorString(e));
-      quantized_ = true;
+      issued_.push_back(slots_++);
       return nullptr;
     }).status();
   }
@@ -202,18 +244,41 @@ class TorchCudaDevice : public DeviceOps {
     return Status::Ok();
   }
 
-  Status Synchronize() override {
-    StatusOr<void*> r = Run("synchronize", [&]() -> void* {
+  Status Synchronize(std::vector<bool>* nonfinite) override {
+    std::vector<bool> flags(issued_.size(), false);
+    Status r = Run("synchronize", [&]() -> void* {
+      const int used = slots_;
+      slots_ = 0;
+#ifdef WSYNC_FP8_CUDA
+      if (used > 0) {
+        // The flags come back with the stream's own work: one wait, not a
+        // wait and then a device-to-host read.
+        const cudaStream_t stream = c10::cuda::CUDAStream(stream_).stream();
+        cudaError_t e = cudaMemcpyAsync(flags_host_.data_ptr<int>(), nonfinite_.data_ptr<int>(), used * sizeof(int),
+                                        cudaMemcpyDeviceToHost, stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+        if (e != cudaSuccess) throw std::runtime_error(std::string("stream: ") + cudaGetErrorString(e));
+        bool any = false;
+        for (size_t i = 0; i < issued_.size(); ++i) {
+          flags[i] = issued_[i] >= 0 && flags_host_.data_ptr<int>()[issued_[i]] != 0;
+          any = any || flags[i];
+        }
+        if (any) nonfinite_.zero_();
+        return nullptr;
+      }
+#endif
+      (void)used;
       stream_.synchronize();
-      if (!quantized_) return nullptr;
-      quantized_ = false;
-      if (nonfinite_.item<int>() == 0) return nullptr;
-      nonfinite_.zero_();
-      return reinterpret_cast<void*>(1);
-    });
-    if (!r.ok()) return r.status();
-    if (*r != nullptr) return InvalidArgument("fp8 quantize: NaN or infinite weight: not quantized (never sent)");
-    return Status::Ok();
+      return nullptr;
+    }).status();
+    issued_.clear();
+    const bool any = std::find(flags.begin(), flags.end(), true) != flags.end();
+    if (nonfinite != nullptr) {
+      *nonfinite = std::move(flags);
+    } else if (r.ok() && any) {
+      return InvalidArgument("fp8 quantize: NaN or infinite weight: not quantized (never sent)");
+    }
+    return r;
   }
 
  private:
@@ -241,8 +306,14 @@ class TorchCudaDevice : public DeviceOps {
   c10::Stream stream_;
   std::mutex mu_;
   std::unordered_map<void*, at::Tensor> owned_;  // arena allocations, kept alive
-  at::Tensor nonfinite_;    // int32 on the device: set by a quantize that met NaN/Inf
-  bool quantized_ = false;  // a kernel quantize ran since the last Synchronize
+  // Per kernel quantize since the last Synchronize, one int32 slot on the
+  // device that it sets on a NaN/Inf; the pinned copy is what Synchronize
+  // read back.
+  static constexpr int kFlagSlots = 64;
+  at::Tensor nonfinite_;
+  at::Tensor flags_host_;
+  int slots_ = 0;
+  std::vector<int> issued_;  // per OK QuantizeHeld since the last Synchronize: its slot, -1 for ATen's
   std::optional<bool> kernel_agrees_;  // the fp8 kernel's check, once
 };
 

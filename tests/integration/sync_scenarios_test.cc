@@ -253,7 +253,15 @@ TEST(SyncScenarios, WritersToAKilledInferenceAgentFailTheVersionAndTheNextComple
   ASSERT_TRUE(r2.ok()) << r2.status().ToString();
   EXPECT_EQ(r2->state, "failed");
   const double failed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(EngineVersion(*s, 0), 1u) << "version 2 did not land everywhere: rank 0 must not claim it";
+  // Rank 0 may be ahead of the controller, but only with whole bytes
+  // (docs/CONTROL_PLANE.md): it claims version 2 only if every write of it
+  // landed there; rank 1 never does.
+  const uint64_t rank0 = EngineVersion(*s, 0);
+  EXPECT_TRUE(rank0 == 1u || rank0 == 2u) << rank0;
+  if (rank0 == 2u) {
+    Status whole = s->Verify(2, nullptr, /*only_rank=*/0);
+    EXPECT_TRUE(whole.ok()) << "rank 0 claims version 2 with bytes it lacks: " << whole.ToString();
+  }
 
   // Every trainer rank has left version 2 (its log says how).
   auto left = [&] {

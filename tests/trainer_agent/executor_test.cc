@@ -3,6 +3,7 @@
 // Gloo, quantize, and write with real libfabric into 2 receivers' memory;
 // every destination byte is compared with a reference built by hand from the
 // full weights (tests/trainer_agent/update_fixture.cc).
+#include "pipeline/box_pack.h"
 #include "pipeline/collectives.h"
 #include "pipeline/executor.h"
 
@@ -10,7 +11,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <thread>
@@ -29,11 +33,68 @@ using trainer_agent::ShardExport;
 using trainer_agent::ShardView;
 using Clock = std::chrono::steady_clock;
 
+// DeviceOps over host memory whose stages run only at Synchronize, as on a
+// stream: a write posted before the executor waited for the device would
+// carry stale bytes, which the receivers' byte check would see. Stands in
+// for the GPU (python/src/torch_device.cc) to test the executor's device
+// path here; the GPU itself is tested by python/tests/gpu/gpu_sync.py.
+class DeferredHostDevice : public DeviceOps {
+ public:
+  std::string name() const override { return "deferred-host"; }
+  transport::MemoryKind kind() const override { return transport::MemoryKind::kHost; }
+  int ordinal() const override { return 0; }
+  StatusOr<void*> Allocate(uint64_t bytes) override {
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p == nullptr) return Internal("out of memory");
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  Status Copy(void* dst, const void* src, uint64_t bytes) override {
+    return Defer([=] { std::memcpy(dst, src, bytes); });
+  }
+  Status Zero(void* dst, uint64_t bytes) override {
+    return Defer([=] { std::memset(dst, 0, bytes); });
+  }
+  bool CanRead(const void*) override { return false; }
+  Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) override {
+    return Defer([=] { wsync::PackBox(data, held, from, box, to, out); });
+  }
+  Status QuantizeHeld(const uint16_t* data, const Box& held, uint8_t* q, float* scales) override {
+    const size_t index = quantizes_.size();
+    quantizes_.push_back(false);
+    return Defer([=, this] { quantizes_[index] = !wsync::QuantizeHeld(data, held, q, scales).ok(); });
+  }
+  Status Synchronize(std::vector<bool>* nonfinite) override {
+    for (auto& op : queue_) op();
+    queue_.clear();
+    ++synchronizes;
+    std::vector<bool> flags = std::move(quantizes_);
+    quantizes_.clear();
+    const bool any = std::find(flags.begin(), flags.end(), true) != flags.end();
+    if (nonfinite != nullptr) {
+      *nonfinite = std::move(flags);
+    } else if (any) {
+      return InvalidArgument("NaN or infinite weight");
+    }
+    return Status::Ok();
+  }
+  int synchronizes = 0;
+
+ private:
+  Status Defer(std::function<void()> op) {
+    queue_.push_back(std::move(op));
+    return Status::Ok();
+  }
+  std::vector<std::function<void()>> queue_;
+  std::vector<bool> quantizes_;  // since the last Synchronize: met a NaN/Inf
+};
+
 // One trainer rank: its trainer-side export, the agent's view, its engine
 // and executor.
 struct TrainerRankUnderTest {
   std::unique_ptr<ShardExport> exported;
   std::unique_ptr<ShardView> view;
+  std::unique_ptr<DeferredHostDevice> device;  // for the tests of the device path
   std::unique_ptr<transport::Engine> engine;
   std::unique_ptr<GroupFactory> groups;
   std::unique_ptr<PlanExecutor> executor;  // destroyed before the engine
@@ -96,6 +157,12 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
   Status CreateExecutor(int r, const Setup& setup) {
     WSYNC_ASSIGN_OR_RETURN(ranks_[r]->executor, Create(r, fixture_->plans[r], setup));
     return Status::Ok();
+  }
+  // The same, with the stages on a DeferredHostDevice of the rank's own.
+  Status CreateDeviceExecutor(int r, Setup setup) {
+    ranks_[r]->device = std::make_unique<DeferredHostDevice>();
+    setup.executor.device = ranks_[r]->device.get();
+    return CreateExecutor(r, setup);
   }
 
   // The trainer side of version v: write every local shard, publish.
@@ -309,6 +376,43 @@ TEST_P(ExecutorTest, NonFiniteWeightFailsTheVersionThenTheNextOneLands) {
     const std::string& m = results[r].status().message();
     EXPECT_NE(m.find("tensor 'layers.0.q.weight'"), std::string::npos) << m;
     EXPECT_NE(m.find("trainer rank " + std::to_string(r)), std::string::npos) << m;
+  }
+  EXPECT_GT(failed, 0);
+  UpdateAndVerify(2);
+}
+
+// The device path: stages issued asynchronously, sources waiting for one
+// device wait between them, writes posted only once it returned. Every
+// byte lands, as on the host, and the memory bound still holds.
+TEST_P(ExecutorTest, DeviceStagesThatRunLateStillLandBitForBit) {
+  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateDeviceExecutor(r, Options(64 << 20)).ok());
+  for (uint64_t v = 1; v <= 2; ++v) {
+    for (const VersionReport& rep : UpdateAndVerify(v)) {
+      EXPECT_LE(rep.peak_temp_bytes, rep.watermark_bytes);
+      std::fprintf(stderr, "%s\n", rep.Summary().c_str());
+    }
+    if (HasFailure()) return;
+  }
+  for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->synchronizes, 0) << "rank " << r;
+}
+
+// A NaN met by one source's quantize, among sources that share one device
+// wait, fails the version naming that source; the next version lands.
+TEST_P(ExecutorTest, NonFiniteWeightOnADeviceIsPinnedOnItsTensor) {
+  for (int r = 0; r < kTrainers; ++r) {
+    ASSERT_TRUE(CreateDeviceExecutor(r, Options(64 << 20, milliseconds(60000))).ok());
+  }
+  testing::FullWeights bad = testing::MakeFullWeights(1);
+  bad.at("layers.0.q.weight")[300] = 0x7F80;  // bf16 +Inf
+  PublishVersion(1, bad);
+  std::vector<StatusOr<VersionReport>> results = RunRanks(1, {0, 1, 2, 3});
+  int failed = 0;
+  for (int r = 0; r < kTrainers; ++r) {
+    if (results[r].ok()) continue;
+    ++failed;
+    const std::string& m = results[r].status().message();
+    EXPECT_NE(m.find("tensor 'layers.0.q.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("NaN or infinite"), std::string::npos) << m;
   }
   EXPECT_GT(failed, 0);
   UpdateAndVerify(2);
