@@ -187,6 +187,15 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("version"), py::arg("shards"))
       .def("describe", [](const TrainerSession& s) { return s.Describe().dump(); })
+      .def("replay_writes",
+           [](TrainerSession& s) {
+             std::optional<StatusOr<VersionReport>> report;
+             {
+               py::gil_scoped_release nogil;
+               report.emplace(s.ReplayWrites());
+             }
+             return trainer_agent::VersionStats(Take(std::move(*report))).dump();
+           })
       .def("close", [](TrainerSession& s) {
         py::gil_scoped_release nogil;
         s.Close();

@@ -213,6 +213,16 @@ Status TrainerSession::Replan(bool new_engine) {
   return Status::Ok();
 }
 
+StatusOr<VersionReport> TrainerSession::ReplayWrites() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return FailedPrecondition("trainer rank " + std::to_string(rank_) + ": replay_writes() after close()");
+  }
+  JoinPrevious();
+  if (executor_ == nullptr) return FailedPrecondition("trainer rank " + std::to_string(rank_) + ": no plan to replay");
+  return executor_->ReplayWrites();
+}
+
 void TrainerSession::Close() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -99,6 +99,11 @@ class TrainerSession {
   // still writing is waited for first.
   StatusOr<std::shared_ptr<PushState>> Push(uint64_t v, std::vector<ShardPointer> shards);
 
+  // PlanExecutor::ReplayWrites after the last push has ended: the engine
+  // alone on this rank's writes, for benches. The next push restores the
+  // inference weights.
+  StatusOr<VersionReport> ReplayWrites();
+
   // Waits for the last push, then deregisters and stops the transport.
   void Close();
 

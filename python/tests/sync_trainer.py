@@ -63,6 +63,8 @@ def main():
                     help="experts FSDP-sharded on the EP dim: FSDP2's _StridedShard placements")
     ap.add_argument("--no-tokens", action="store_true", help="skip the static fire (bad-input cases)")
     ap.add_argument("--double-push", action="store_true", help="push twice without waiting (a bad-input case)")
+    ap.add_argument("--replay", action="store_true",
+                    help="after every version but the last, replay_writes() (the next version restores the bytes)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -116,6 +118,13 @@ def main():
                 print(f"version {v}: {json.dumps(reports[0])}", flush=True)
                 wait_for_engines(args.out, args.engines, v, args.timeout)
             dist.barrier()
+            if args.replay and args.route == "inprocess" and v < args.steps:
+                replay = sync.replay_writes()
+                replays = [None] * world
+                dist.all_gather_object(replays, {"push": reports[rank], "replay": replay})
+                if rank == 0:
+                    with open(os.path.join(args.out, f"replay-v{v}.json"), "w") as f:
+                        json.dump(replays, f)
     finally:
         if args.route == "inprocess":
             sync.close()

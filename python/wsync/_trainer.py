@@ -98,6 +98,17 @@ class TrainerAgent(SessionOwner):
         """This rank's part of the plan: mesh groups, sources, writes, bytes."""
         return json.loads(self._session.describe())
 
+    def replay_writes(self):
+        """For benches: this rank's writes of the plan again, as the last push
+        posted them but without quantize or packing and without counting at
+        the inference ranks: the transfer engine alone on the same bytes.
+        Returns its report (the same keys as a push's). The inference weights
+        are garbage after it until the next push lands."""
+        try:
+            return json.loads(self._session.replay_writes())
+        except RuntimeError as e:
+            raise PushError(str(e)) from None
+
     def push(self, version):
         """Starts sending the weights as they are now as `version` (an integer
         that grows, e.g. the optimizer step) and returns a Push at once. Do

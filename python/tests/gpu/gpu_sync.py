@@ -101,6 +101,7 @@ def trainer(args):
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
                               timeout_s=args.timeout)
     gen = torch.Generator(device="cuda").manual_seed(7)
+    updates, replays = [], []
     for v in range(1, args.versions + 1):
         with torch.no_grad():  # a stand-in optimizer step: every weight changes
             for p in model.parameters():
@@ -110,12 +111,24 @@ def trainer(args):
         free_before, total = torch.cuda.mem_get_info()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+        prof = None
+        if args.profile and v == args.versions:  # every CUDA call and kernel of this process, the pipeline's too
+            from torch.profiler import ProfilerActivity, profile
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         h = sync.push(v)
         h.wait_reads_done(args.timeout)
         reads_done = time.perf_counter() - t0
         report = h.wait(args.timeout)
         report["push_to_complete_seconds"] = time.perf_counter() - t0
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            averages = prof.key_averages()
+            print("trainer: profile of version", v, flush=True)
+            print(averages.table(sort_by="self_cpu_time_total", row_limit=14), flush=True)
+            print(averages.table(sort_by="self_device_time_total", row_limit=10), flush=True)
+            prof.export_chrome_trace(os.path.join(args.work, "trace.json"))
         report["reads_done_seconds"] = reads_done
         report["torch_peak_above_model_bytes"] = torch.cuda.max_memory_allocated() - base
         report["device_free_bytes_before"] = free_before
@@ -130,6 +143,19 @@ def trainer(args):
             done = wait_any([os.path.join(args.work, f"engine-{r}-v{v}.{x}") for x in ("done", "bad")], args.timeout)
             if done.endswith(".bad"):
                 sys.exit(f"trainer: engine {r} got wrong bytes in version {v}")
+        updates.append(report["stages"]["total"])
+        if v < args.versions:
+            # The engine alone on the same writes (the next version restores
+            # the bytes this leaves behind); best of two.
+            replay = min((sync.replay_writes() for _ in range(2)), key=lambda r: r["stages"]["total"])
+            replays.append(replay["stages"]["total"])
+            print(f"trainer: after version {v}: the engine alone on its {replay['writes']} writes: "
+                  f"{replay['stages']['total']:.4f} s ({replay['written_bytes'] / replay['stages']['total'] / 1e9:.1f} GB/s)",
+                  flush=True)
+    if replays:
+        update, alone = min(updates[1:] or updates), min(replays)
+        print(f"trainer: UPDATE_VS_ENGINE {alone / update:.3f} (best update {update:.4f} s, the engine alone on the "
+              f"same writes {alone:.4f} s)", flush=True)
     sync.close()
     dist.destroy_process_group()
 
@@ -205,7 +231,8 @@ def job(args):
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
     port = 29500 + secrets.randbelow(1000)
-    tr = start("trainer", [sys.executable, me, "trainer", "--watermark-mb", str(args.watermark_mb), *common],
+    tr = start("trainer", [sys.executable, me, "trainer", "--watermark-mb", str(args.watermark_mb), *common,
+                           *(["--profile"] if args.profile else [])],
                {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     rc = 0
     try:
@@ -246,6 +273,7 @@ def main():
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--watermark-mb", type=int, default=2048)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--profile", action="store_true", help="torch.profiler over the trainer's last version")
     args = ap.parse_args()
     if args.role == "job":
         sys.exit(job(args))
