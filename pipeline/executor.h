@@ -11,7 +11,12 @@
 //   4. quantize to fp8 e4m3 128x128 blocks when a write wants fp8 or scales;
 //   5. pack each write's src_box row-major into registered staging and post
 //      it as a one-sided write with immediate = version (low 32 bits); the
-//      staging goes back when the engine reports the write done;
+//      staging goes back when the engine reports the write done. A box that
+//      is one contiguous run of its buffer is written from there, unpacked;
+//      a source that gathers nothing and writes only fp8 is quantized
+//      straight from the shard (no copy in step 2). On a device, stages are
+//      asynchronous: sources wait in a pending list and one device wait
+//      covers up to 32 of them before their writes are posted;
 // then a Gloo barrier over the MeshGroup. After the last all-gather of the
 // version the ShardSource hears ReadsDone(version): the trainer may change its
 // weights while the last writes are still on the wire. Run returns once every
