@@ -100,32 +100,23 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
   ExecutorOptions exec_options = options.executor;
   exec_options.rendezvous_prefix += "/" + slice->plan_id;
   uint64_t epoch = slice->epoch;
-  StatusOr<std::unique_ptr<PlanExecutor>> executor =
+  StatusOr<std::unique_ptr<PlanExecutor>> created =
       PlanExecutor::Create(std::move(slice->plan), engine.get(), groups.get(), exec_options);
-  if (!executor.ok()) return executor.status();
+  if (!created.ok()) return created.status();
+  std::unique_ptr<PlanExecutor> executor = std::move(created).value();
   // After an inference rank registered again with new memory: the slice of
   // the new epoch, and an executor that imports its descriptors; with
   // `new_engine`, on a new engine too (after writes that timed out).
+  const std::function<void(const std::string&)> log = [&](const std::string& line) { Log(options, line); };
   auto replan = [&](bool new_engine = false) -> Status {
     StatusOr<controller::TrainerPlanSlice> fresh = FetchPlan(client, rank.rank, options, stop);
     if (!fresh.ok()) return fresh.status().WithContext(me + ": fetching the plan of the new epoch");
-    executor->reset();  // waits for its writes still in flight
-    if (new_engine) {
-      engine.reset();  // its stuck operations go with it
-      StatusOr<std::unique_ptr<transport::Engine>> made = options.make_engine();
-      if (!made.ok()) return made.status().WithContext(me + ": replacing the transport engine");
-      engine = std::move(made).value();
-      Log(options, "replaced the transport engine after writes that timed out: " + engine->Describe());
-    }
-    executor = PlanExecutor::Create(std::move(fresh->plan), engine.get(), groups.get(), exec_options);
-    if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(fresh->epoch));
-    epoch = fresh->epoch;
-    Log(options, "re-imported the plan of epoch " + std::to_string(epoch));
-    return Status::Ok();
+    return RebuildExecutor(std::move(fresh).value(), groups.get(), exec_options,
+                           new_engine ? &options.make_engine : nullptr, me, log, engine, executor, epoch);
   };
-  Log(options, "ready: temporary memory " + std::to_string((*executor)->arena_bytes()) + " bytes (watermark " +
+  Log(options, "ready: temporary memory " + std::to_string(executor->arena_bytes()) + " bytes (watermark " +
                    std::to_string(exec_options.watermark_bytes) + ", largest source needs " +
-                   std::to_string((*executor)->max_source_need()) + ")");
+                   std::to_string(executor->max_source_need()) + ")");
 
   // Versions a previous agent of this rank already read are not run again.
   uint64_t last = (*view)->reads_done_version();
@@ -141,17 +132,17 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     if (decision != VersionDecision::kRun) {
       // Every peer that ran `v` failed a collective with this rank and
       // rebuilds its groups under the next version: this rank must too.
-      (*executor)->ResetGroups();
+      executor->ResetGroups();
       (*view)->MarkFailed(v);
       if (options.on_version) options.on_version(v, why);
       continue;
     }
-    StatusOr<VersionReport> result = RunAndReport(**executor, client, rank.rank, v, **view, options.log);
+    StatusOr<VersionReport> result = RunAndReport(*executor, client, rank.rank, v, **view, options.log);
     // A failed version is marked failed in the export, which releases the
     // trainer (it may change its weights; the version will never complete).
     if (!result.ok()) (*view)->MarkFailed(v);
     if (options.on_version) options.on_version(v, result);
-    if (!result.ok() && (*executor)->writes_timed_out() && options.make_engine) {
+    if (!result.ok() && executor->writes_timed_out() && options.make_engine) {
       Status replaced = replan(/*new_engine=*/true);
       if (!replaced.ok()) return replaced;
     }

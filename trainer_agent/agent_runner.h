@@ -22,6 +22,7 @@
 #include "pipeline/collectives.h"
 #include "pipeline/executor.h"
 #include "routing/metadata.h"
+#include "trainer_agent/version_step.h"
 #include "transport/engine.h"
 
 namespace wsync::trainer_agent {
@@ -48,7 +49,7 @@ struct TrainerAgentOptions {
   // out the agent replaces its engine with one (a provider can be left
   // unable to complete any write after a peer died with writes outstanding);
   // without it the agent keeps the engine it has.
-  std::function<StatusOr<std::unique_ptr<transport::Engine>>()> make_engine;
+  EngineFactory make_engine;
 };
 
 // Returns OK when `stop` became true, or the first error that ends the

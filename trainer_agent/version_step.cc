@@ -65,6 +65,27 @@ VersionDecision StartVersionAtCurrentEpoch(controller::ControllerClient& client,
   return decision;
 }
 
+Status RebuildExecutor(controller::TrainerPlanSlice slice, GroupFactory* groups, const ExecutorOptions& options,
+                       const EngineFactory* make_engine, const std::string& me,
+                       const std::function<void(const std::string&)>& log, std::unique_ptr<transport::Engine>& engine,
+                       std::unique_ptr<PlanExecutor>& executor, uint64_t& epoch) {
+  executor.reset();  // waits for its writes still in flight
+  if (make_engine != nullptr) {
+    engine.reset();
+    StatusOr<std::unique_ptr<transport::Engine>> made = (*make_engine)();
+    if (!made.ok()) return made.status().WithContext(me + ": replacing the transport engine");
+    engine = std::move(made).value();
+    log("replaced the transport engine after writes that timed out: " + engine->Describe());
+  }
+  StatusOr<std::unique_ptr<PlanExecutor>> made =
+      PlanExecutor::Create(std::move(slice.plan), engine.get(), groups, options);
+  if (!made.ok()) return made.status().WithContext(me + ": epoch " + std::to_string(slice.epoch));
+  executor = std::move(made).value();
+  epoch = slice.epoch;
+  log("re-imported the plan of epoch " + std::to_string(epoch));
+  return Status::Ok();
+}
+
 nlohmann::json VersionStats(const VersionReport& r) {
   const StageSeconds& s = r.seconds;
   return {{"stages",

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +17,9 @@
 #include "common/status.h"
 #include "controller/client.h"
 #include "pipeline/executor.h"
+#include "pipeline/group.h"
 #include "pipeline/shard_source.h"
+#include "transport/engine.h"
 
 namespace wsync::trainer_agent {
 
@@ -48,6 +51,20 @@ VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank,
 VersionDecision StartVersionAtCurrentEpoch(controller::ControllerClient& client, int32_t rank, uint64_t v,
                                            const uint64_t& epoch, const std::function<void(const std::string&)>& log,
                                            const std::function<Status()>& replan, Status* why, Status* replan_error);
+
+// Makes a transport engine like the one the agent started with.
+using EngineFactory = std::function<StatusOr<std::unique_ptr<transport::Engine>>()>;
+
+// A new executor for `slice` (the plan of a new registration epoch, whose
+// descriptors it imports): drops `executor` first (waiting for its writes
+// still in flight) and, with `make_engine`, replaces `engine` with a new one
+// (after writes that timed out: a provider can be left unable to complete
+// any write; its stuck operations go with the old engine). Sets `epoch` and
+// logs what it did. `me` names the rank in errors.
+Status RebuildExecutor(controller::TrainerPlanSlice slice, GroupFactory* groups, const ExecutorOptions& options,
+                       const EngineFactory* make_engine, const std::string& me,
+                       const std::function<void(const std::string&)>& log, std::unique_ptr<transport::Engine>& engine,
+                       std::unique_ptr<PlanExecutor>& executor, uint64_t& epoch);
 
 // The executor's report as the controller keeps it (`stats` of trainer_done).
 nlohmann::json VersionStats(const VersionReport& report);

@@ -181,6 +181,11 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
       state->Finish(why);
       return;
     }
+    if (executor_ == nullptr) {  // the last rebuild failed (its error was logged)
+      state->Finish(FailedPrecondition("trainer rank " + std::to_string(rank_) + ": version " + std::to_string(v) +
+                                       ": no executor since a failed rebuild; see the log"));
+      return;
+    }
     PointerShards source(std::move(shards), state);
     StatusOr<VersionReport> result = trainer_agent::RunAndReport(*executor_, client_, rank_, v, source, log);
     if (!result.ok() && executor_->writes_timed_out()) {
@@ -196,21 +201,11 @@ Status TrainerSession::Replan(bool new_engine) {
   const std::string me = "trainer rank " + std::to_string(rank_);
   StatusOr<controller::TrainerPlanSlice> slice = client_.FetchTrainerPlan(rank_, Clock::now() + config_.timeout);
   if (!slice.ok()) return slice.status().WithContext(me + ": fetching the plan of the new epoch");
-  executor_.reset();  // waits for its writes still in flight
-  if (new_engine) {
-    engine_.reset();  // its stuck operations go with it
-    StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric_options_);
-    if (!engine.ok()) return engine.status().WithContext(me + ": replacing the transport engine");
-    engine_ = std::move(engine).value();
-    LogLine(rank_, "replaced the transport engine after writes that timed out: " + engine_->Describe());
-  }
-  StatusOr<std::unique_ptr<PlanExecutor>> executor =
-      PlanExecutor::Create(std::move(slice->plan), engine_.get(), groups_.get(), executor_options_);
-  if (!executor.ok()) return executor.status().WithContext(me + ": epoch " + std::to_string(slice->epoch));
-  executor_ = std::move(executor).value();
-  epoch_ = slice->epoch;
-  LogLine(rank_, "re-imported the plan of epoch " + std::to_string(epoch_));
-  return Status::Ok();
+  const trainer_agent::EngineFactory make = [this] { return transport::fabric::CreateLibfabricEngine(fabric_options_); };
+  return trainer_agent::RebuildExecutor(std::move(slice).value(), groups_.get(), executor_options_,
+                                        new_engine ? &make : nullptr, me,
+                                        [this](const std::string& line) { LogLine(rank_, line); }, engine_, executor_,
+                                        epoch_);
 }
 
 StatusOr<VersionReport> TrainerSession::ReplayWrites() {
