@@ -36,6 +36,8 @@ struct ControllerCommandOptions {
   double heartbeat_timeout_s = 10;
   int threads = 0;
   std::string secret_file;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 void LogLine(const std::string& line) {
@@ -94,6 +96,8 @@ int RunController(const ControllerCommandOptions& opt) {
   StatusOr<std::optional<controller::JobSecret>> secret = controller::LoadJobSecret(opt.secret_file);
   if (!secret.ok()) return Fail(secret.status());
   server_options.secret = std::move(secret).value();
+  server_options.tls_cert_file = opt.tls_cert;
+  server_options.tls_key_file = opt.tls_key;
   server_options.host = listen->first;
   server_options.port = listen->second;
   // Every agent may hold a long poll at once (plan, KV, version waits).
@@ -110,7 +114,8 @@ int RunController(const ControllerCommandOptions& opt) {
           (opt.state_dir.empty() ? std::string(" (no state dir: nothing persists)")
                                  : "; state dir " + opt.state_dir) +
           (server_options.secret ? "; requests must be signed with " + server_options.secret->source()
-                                 : std::string("; OPEN: no job secret")));
+                                 : std::string("; OPEN: no job secret")) +
+          (server.tls() ? "; TLS with " + opt.tls_cert : std::string("; plain HTTP (no --tls-cert)")));
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -151,6 +156,10 @@ void AddControllerCommand(CLI::App& app) {
   cmd->add_option("--secret-file", opt->secret_file,
                   "job secret (mode 0600; `wsync secret PATH` makes one): every request must be signed with it "
                   "(default: $WSYNC_SECRET_FILE; none: open, loopback only)");
+  cmd->add_option("--tls-cert", opt->tls_cert,
+                  "TLS: this controller's certificate chain (PEM); clients then need --tls-ca (or $WSYNC_TLS_CA_FILE)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--tls-key", opt->tls_key, "TLS: the private key of --tls-cert (PEM)")->check(CLI::ExistingFile);
   cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
   cmd->callback([opt] { std::exit(RunController(*opt)); });
 }

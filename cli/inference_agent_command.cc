@@ -16,6 +16,9 @@ void AddInferenceAgentCommand(CLI::App& app) {
   cmd->add_option("--controller", flags->controller, "controller address HOST:PORT")->required();
   cmd->add_option("--secret-file", flags->secret_file,
                   "the job secret the controller was started with (default: $WSYNC_SECRET_FILE)");
+  cmd->add_option("--tls-ca", flags->tls_ca_file,
+                  "TLS: the CA that signed the controller's --tls-cert (default: $WSYNC_TLS_CA_FILE; none: plain HTTP)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--rank", flags->rank, "inference rank")->required();
   auto* layout = cmd->add_option("--layout", flags->layout, "wsync.inference/v1 file; this rank's entry is used");
   auto* cluster = cmd->add_option("--cluster", flags->cluster,

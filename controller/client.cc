@@ -79,6 +79,10 @@ StatusOr<ControllerClient> ControllerClient::Connect(const std::string& address,
                                                      ClientOptions options) {
   WSYNC_ASSIGN_OR_RETURN(std::optional<JobSecret> secret, LoadJobSecret(secret_file));
   options.secret = std::move(secret);
+  if (options.tls_ca_file.empty()) {
+    const char* ca = std::getenv(kTlsCaFileEnv);
+    if (ca != nullptr) options.tls_ca_file = ca;
+  }
   return FromAddress(address, std::move(options));
 }
 
@@ -90,7 +94,16 @@ StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& meth
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.retry_for_s));
   milliseconds backoff(20);
   while (true) {
-    httplib::Client cli(host_, port_);
+    std::unique_ptr<httplib::ClientImpl> made;
+    if (options_.tls_ca_file.empty()) {
+      made = std::make_unique<httplib::ClientImpl>(host_, port_);
+    } else {
+      auto tls = std::make_unique<httplib::SSLClient>(host_, port_);
+      tls->set_ca_cert_path(options_.tls_ca_file.c_str());
+      tls->enable_server_certificate_verification(true);
+      made = std::move(tls);
+    }
+    httplib::ClientImpl& cli = *made;
     cli.set_connection_timeout(std::chrono::duration<double>(options_.connect_timeout_s));
     cli.set_read_timeout(std::chrono::duration<double>(options_.request_timeout_s) + extra_wait);
     cli.set_write_timeout(std::chrono::duration<double>(options_.request_timeout_s));
@@ -106,12 +119,29 @@ StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& meth
                                           : cli.Post(path, headers, body, content_type);
     if (r) return Reply{r->status, r->body};
     const httplib::Error err = r.error();
+    if (err == httplib::Error::SSLServerVerification || err == httplib::Error::SSLConnection) {
+      // Never retried: a certificate that does not verify will not start to.
+      std::string why = httplib::to_string(err);
+      if (!options_.tls_ca_file.empty() && made != nullptr) {
+        const long v = static_cast<httplib::SSLClient&>(cli).get_openssl_verify_result();
+        if (v != X509_V_OK) why += ": " + std::string(X509_verify_cert_error_string(v));
+      }
+      return Unavailable("controller " + address() + ": TLS: " + why +
+                         (options_.tls_ca_file.empty() ? std::string(" (a plain-HTTP client of a TLS controller?)")
+                                                       : " (CA file '" + options_.tls_ca_file + "')"));
+    }
     // Refused or timed-out connects mean the request never arrived: safe to
     // send again, also for POSTs.
     const bool retry = err == httplib::Error::Connection || err == httplib::Error::ConnectionTimeout;
-    if (!retry || Clock::now() + backoff >= give_up)
+    if (!retry || Clock::now() + backoff >= give_up) {
+      // A TLS server closes a plain-HTTP connection without an answer.
+      const std::string hint = err == httplib::Error::Read && options_.tls_ca_file.empty()
+                                   ? std::string(" (closed without an answer: a TLS controller? then pass --tls-ca or $") +
+                                         kTlsCaFileEnv + ")"
+                                   : "";
       return Unavailable("controller " + address() + ": " + method + " " + path + ": " +
-                         httplib::to_string(err) + (retry ? " (gave up retrying)" : ""));
+                         httplib::to_string(err) + (retry ? " (gave up retrying)" : "") + hint);
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, milliseconds(1000));
   }

@@ -36,7 +36,14 @@ struct ClientOptions {
   // Signs every request (controller/auth.h); none: unsigned, for a
   // controller started without a secret.
   std::optional<JobSecret> secret;
+  // TLS: the CA certificate (PEM) that signed the controller's certificate;
+  // the controller's name (its address' host) must be in it. Empty: plain
+  // HTTP. Connect() takes $WSYNC_TLS_CA_FILE when this is empty.
+  std::string tls_ca_file;
 };
+
+// The environment variable naming the CA file of a TLS controller.
+inline constexpr const char* kTlsCaFileEnv = "WSYNC_TLS_CA_FILE";
 
 struct VersionFailure {
   std::string role;

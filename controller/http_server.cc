@@ -105,7 +105,13 @@ std::string HttpServer::SecurityMetrics() {
 }
 
 HttpServer::HttpServer(Controller* controller, ServerOptions options)
-    : controller_(controller), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+    : controller_(controller), options_(std::move(options)) {
+  if (tls()) {
+    server_ = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(), options_.tls_key_file.c_str());
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -245,6 +251,13 @@ Status HttpServer::Start() {
     return InvalidArgument("refusing to serve " + options_.host +
                            " without a job secret: anyone who can reach it could write into inference memory; "
                            "pass --secret-file (or $" + kSecretFileEnv + "), or listen on 127.0.0.1");
+  }
+  if (tls() != !options_.tls_key_file.empty()) {
+    return InvalidArgument("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)");
+  }
+  if (tls() && !server_->is_valid()) {
+    return InvalidArgument("TLS: cannot use certificate '" + options_.tls_cert_file + "' with key '" +
+                           options_.tls_key_file + "' (unreadable, not PEM, or the key does not match)");
   }
   if (options_.secret.has_value()) {
     verifier_ = std::make_unique<RequestVerifier>(*options_.secret, options_.max_clock_skew_s);

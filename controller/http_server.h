@@ -39,6 +39,11 @@ struct ServerOptions {
   // refuses any host but loopback.
   std::optional<JobSecret> secret;
   double max_clock_skew_s = 60;
+  // TLS (optional, OpenSSL): the server's certificate chain and private key,
+  // PEM files. Clients then connect with the CA that signed the certificate
+  // (ClientOptions::tls_ca_file); plain HTTP is not served beside it.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Time to receive one request's headers and body, and to send an answer
   // (long polls wait on top of it); a client slower than this is dropped.
   double request_timeout_s = 10;
@@ -65,6 +70,7 @@ class HttpServer {
 
   int port() const { return port_; }
   std::string address() const { return options_.host + ":" + std::to_string(port_); }
+  bool tls() const { return !options_.tls_cert_file.empty(); }
 
  private:
   void InstallRoutes();

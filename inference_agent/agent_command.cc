@@ -54,7 +54,8 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   };
   StatusOr<InferenceRank> rank = LoadInferenceRank(flags);
   if (!rank.ok()) return fail(rank.status());
-  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(flags.controller, flags.secret_file);
+  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
+      flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
   if (!client.ok()) return fail(client.status());
 
   StopOnSignal signals("inference-agent");  // before any thread is started

@@ -19,6 +19,7 @@ namespace wsync::inference {
 struct InferenceAgentFlags {
   std::string controller;        // HOST:PORT
   std::string secret_file;       // job secret ("" = $WSYNC_SECRET_FILE, else unsigned)
+  std::string tls_ca_file;       // CA of a TLS controller ("" = $WSYNC_TLS_CA_FILE, else plain HTTP)
   int32_t rank = 0;
   std::string layout;            // wsync.inference/v1 file, or
   std::string cluster;           // cluster spec for the model generator

@@ -63,7 +63,8 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   };
   StatusOr<TrainerRankSpec> spec = LoadTrainerRank(flags);
   if (!spec.ok()) return fail(spec.status());
-  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(flags.controller, flags.secret_file);
+  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
+      flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
   if (!client.ok()) return fail(client.status());
   std::string shm_name = flags.shm_name;
   if (shm_name.empty()) {

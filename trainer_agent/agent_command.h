@@ -24,6 +24,7 @@ namespace wsync::trainer_agent {
 struct TrainerAgentFlags {
   std::string controller;        // HOST:PORT
   std::string secret_file;       // job secret ("" = $WSYNC_SECRET_FILE, else unsigned)
+  std::string tls_ca_file;       // CA of a TLS controller ("" = $WSYNC_TLS_CA_FILE, else plain HTTP)
   int32_t rank = 0;
   std::string layout;            // wsync.trainer/v1 file, or
   std::string cluster;           // cluster spec for the model generator

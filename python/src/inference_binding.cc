@@ -59,6 +59,7 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   layout.rank = rank;
 
   controller::ClientOptions client_options;
+  client_options.tls_ca_file = config.tls_ca_file;
   client_options.retry_for_s = std::chrono::duration<double>(config.timeout).count();
   WSYNC_ASSIGN_OR_RETURN(controller::ControllerClient client,
                          controller::ControllerClient::Connect(config.controller, config.secret_file,

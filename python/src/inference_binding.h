@@ -32,6 +32,7 @@ struct InferenceConfig {
   nlohmann::json rank;  // this rank's wsync.inference/v1 entry (regions: one per tensor)
   std::string controller;
   std::string secret_file;  // job secret ("": $WSYNC_SECRET_FILE, else unsigned)
+  std::string tls_ca_file;  // CA of a TLS controller ("": $WSYNC_TLS_CA_FILE, else plain HTTP)
   std::string provider = "shm";
   uint32_t nics = 1;
   std::string node;

@@ -150,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
              config.registration = c.at("registration");
              config.controller = c.at("controller").get<std::string>();
              config.secret_file = c.value("secret_file", std::string());
+             config.tls_ca_file = c.value("tls_ca_file", std::string());
              config.job = c.at("job").get<std::string>();
              config.provider = c.value("provider", std::string("shm"));
              config.nics = c.value("nics", 1u);
@@ -209,6 +210,7 @@ PYBIND11_MODULE(_C, m) {
              config.rank = c.at("rank");
              config.controller = c.at("controller").get<std::string>();
              config.secret_file = c.value("secret_file", std::string());
+             config.tls_ca_file = c.value("tls_ca_file", std::string());
              config.provider = c.value("provider", std::string("shm"));
              config.nics = c.value("nics", 1u);
              config.node = c.value("node", std::string());

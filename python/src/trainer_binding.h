@@ -40,6 +40,7 @@ struct TrainerConfig {
   nlohmann::json registration;  // POST /v1/register/trainer body (rank + mesh_groups)
   std::string controller;       // HOST:PORT
   std::string secret_file;  // job secret ("": $WSYNC_SECRET_FILE, else unsigned)
+  std::string tls_ca_file;  // CA of a TLS controller ("": $WSYNC_TLS_CA_FILE, else plain HTTP)
   std::string job;
   std::string provider = "shm";
   uint32_t nics = 1;

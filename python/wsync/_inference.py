@@ -28,7 +28,8 @@ class InferenceAgent(SessionOwner):
     """
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
-                 scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None):
+                 scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
+                 tls_ca_file=None):
         self.rank = rank
         self.job = job
         layout = layout or {}
@@ -70,7 +71,7 @@ class InferenceAgent(SessionOwner):
         rank_entry = {"rank": rank, "instance": instance, "host": host or socket.gethostname(), "gpu": 0, "nic": 0,
                       "regions": [{"id": r[0], "size": r[2], "descriptor": ""} for r in regions],
                       "tensors": entries}
-        config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "",
+        config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
                   "timeout_s": float(timeout_s)}
         self._session = _C.InferenceSession(json.dumps(config), regions)

@@ -71,7 +71,8 @@ class TrainerAgent(SessionOwner):
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
-                 nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None):
+                 nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
+                 tls_ca_file=None):
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
@@ -87,7 +88,7 @@ class TrainerAgent(SessionOwner):
             if self.rank in ranks:
                 groups.append((dist.get_process_group_ranks(pg), pg))
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
-                  "secret_file": secret_file or "", "nics": nics, "node": node,
+                  "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "", "nics": nics, "node": node,
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
                   "cuda_device": self._cuda_device}
         self._session = _C.TrainerSession(json.dumps(config), groups)
