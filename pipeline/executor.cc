@@ -54,6 +54,7 @@ Status PlanExecutor::Impl::CheckVersion(size_t g, uint64_t version) {
   // every rank shows its version first (8 bytes as two fp32 slots per rank).
   CollectiveGroup& group = *mesh_groups[g];
   const int size = group.size();
+  if (size == 1) return Status::Ok();  // nobody to be out of step with
   std::vector<uint64_t> all(static_cast<size_t>(size));
   const int64_t shape[1] = {2 * static_cast<int64_t>(size)};
   const std::string where = "trainer rank " + std::to_string(plan->rank) + ": mesh group '" + plan->groups[g].name + "'";
@@ -431,7 +432,9 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
     if (!failure.ok()) break;
     impl.FlushPending();  // every write of the group is posted before its barrier
     t0 = Clock::now();
-    Status s = impl.mesh_groups[g]->Barrier();
+    // A group of one rank has nobody to wait for (on a GPU its collective
+    // would still queue behind the device's work).
+    Status s = impl.mesh_groups[g]->size() > 1 ? impl.mesh_groups[g]->Barrier() : Status::Ok();
     report.seconds.barrier += Since(t0);
     if (!s.ok()) {
       impl.groups_ready = false;
