@@ -5,6 +5,7 @@
 // full weights (tests/trainer_agent/update_fixture.cc).
 #include "pipeline/box_pack.h"
 #include "pipeline/collectives.h"
+#include "pipeline/fp8.h"
 #include "pipeline/executor.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <future>
 #include <thread>
 
@@ -411,6 +413,113 @@ TEST_P(ExecutorTest, DeviceStagesThatRunLateStillLandBitForBit) {
 // its own flag, so the error still names the tensor.
 TEST_P(ExecutorTest, NonFiniteWeightOnADeviceIsPinnedOnItsTensor) {
   NonFiniteFailsNamingTheTensorThenTheNextLands(0x7F80 /* bf16 +Inf */, /*on_device=*/true);
+}
+
+// A trainer rank's shards as plain vectors, for hand-made plans.
+class VectorShards : public ShardSource {
+ public:
+  std::map<std::string, std::vector<uint16_t>> tensors;
+  uint64_t reads_done = 0;
+  const uint8_t* Shard(const std::string& name, uint64_t* bytes) const override {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) return nullptr;
+    *bytes = it->second.size() * 2;
+    return reinterpret_cast<const uint8_t*>(it->second.data());
+  }
+  void ReadsDone(uint64_t version) override { reads_done = version; }
+};
+
+// A source that gathers nothing and writes only fp8 (a replicated or EP-only
+// weight) is quantized straight from the trainer's shard: no held copy in
+// its temporary memory on the host, and on a device that cannot reach the
+// shard, a copy first. Its row block goes out unpacked, its column block
+// packed; every byte equals the fp8 reference cut by plain loops.
+TEST_P(ExecutorTest, AnUngatheredFp8SourceIsQuantizedFromTheShardItself) {
+  constexpr int64_t kRows = 256, kCols = 384;
+  RankSource src;
+  src.name = "replicated.w";
+  src.global_shape = {kRows, kCols};
+  src.local = src.held = Box{2, {0, 0}, {kRows, kCols}};
+  src.gather_ranks = {0};
+  auto write = [&](WriteKind kind, Box box, uint64_t offset) {
+    RankWrite w;
+    w.dst_rank = 0;
+    w.kind = kind;
+    w.dst_dtype = kind == WriteKind::kScale ? DType::kFP32 : DType::kFP8E4M3;
+    w.src_box = box;
+    w.region = "weights";
+    w.region_offset = offset;
+    w.bytes = static_cast<uint64_t>(box.NumElements()) * (kind == WriteKind::kScale ? 4 : 1);
+    w.dst_name = "replicated.w";
+    src.writes.push_back(w);
+  };
+  write(WriteKind::kWeight, Box{2, {0, 0}, {128, kCols}}, 0);                // rows: one run
+  write(WriteKind::kWeight, Box{2, {128, 128}, {128, 256}}, 128 * kCols);     // a column block: packed
+  write(WriteKind::kScale, Box{2, {0, 0}, {2, 3}}, 160 * 1024);               // the whole grid
+  write(WriteKind::kScale, Box{2, {0, 1}, {2, 2}}, 160 * 1024 + 64);          // its last two columns
+  TrainerRankPlan plan;
+  plan.rank = 0;
+  plan.world = 1;
+  plan.groups = {RankMeshGroup{"solo", {0}, {src}}};
+  for (const InferencePeer& p : fixture_->plans[0].peers) {
+    if (p.rank == 0) plan.peers.push_back(p);
+  }
+  ASSERT_EQ(plan.peers.size(), 1u);
+  uint32_t arrivals = 0;
+  for (const RankWrite& w : src.writes) arrivals += ranks_[0]->engine->ArrivalsPerWrite(w.bytes);
+
+  for (const bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "on a device that cannot read the shard" : "on the host");
+    const uint64_t v = on_device ? 2 : 1;
+    VectorShards shards;
+    std::vector<uint16_t>& x = shards.tensors[src.name];
+    x.resize(kRows * kCols);
+    uint32_t state = 77 + static_cast<uint32_t>(v);
+    for (size_t i = 0; i < x.size(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      x[i] = static_cast<uint16_t>(((state >> 16) & 0x8000) | (0x3800 + (i / 128 % 7) * 0x80 + (state >> 9) % 0x80));
+    }
+    Setup setup = Options(64 << 20);
+    if (on_device) {
+      ranks_[0]->device = std::make_unique<DeferredHostDevice>();
+      setup.executor.device = ranks_[0]->device.get();
+    }
+    ranks_[0]->groups = MakeGlooGroupFactory(store_.get(), setup.gloo);
+    StatusOr<std::unique_ptr<PlanExecutor>> e =
+        PlanExecutor::Create(plan, ranks_[0]->engine.get(), ranks_[0]->groups.get(), setup.executor);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    if (!on_device) {
+      EXPECT_LT((*e)->max_source_need(), static_cast<uint64_t>(kRows * kCols * 2))
+          << "no room for a held bf16 copy is needed";
+    }
+    std::vector<uint8_t>& memory = fixture_->targets[0].memory;
+    std::fill(memory.begin(), memory.end(), testing::kFill);
+    std::promise<Status> landed;
+    ASSERT_TRUE(fixture_->targets[0]
+                    .engine->Expect(static_cast<uint32_t>(v), arrivals, [&](const Status& st) { landed.set_value(st); },
+                                    Clock::now() + milliseconds(20000))
+                    .ok());
+    StatusOr<VersionReport> r = (*e)->Run(v, shards);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(landed.get_future().get().ok());
+    EXPECT_EQ(shards.reads_done, v);
+    e->reset();
+
+    StatusOr<Fp8BlockTensor> want = QuantizeFp8Blocks({x.data(), kRows, kCols, kCols});
+    ASSERT_TRUE(want.ok());
+    for (int64_t row = 0; row < kRows; ++row) {
+      for (int64_t c = 0; c < kCols; ++c) {
+        const uint8_t q = want->q[row * kCols + c];
+        if (row < 128) ASSERT_EQ(memory[row * kCols + c], q) << row << "," << c;
+        if (row >= 128 && c >= 128) ASSERT_EQ(memory[128 * kCols + (row - 128) * 256 + (c - 128)], q) << row << "," << c;
+      }
+    }
+    float scales[6], last_two[4];
+    std::memcpy(scales, memory.data() + 160 * 1024, sizeof scales);
+    std::memcpy(last_two, memory.data() + 160 * 1024 + 64, sizeof last_two);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(scales[i], want->scale_inv[i]) << i;
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(last_two[i], want->scale_inv[(i / 2) * 3 + 1 + i % 2]) << i;
+  }
 }
 
 // Inference rank 1 goes away before the update: every trainer rank that
