@@ -90,8 +90,8 @@ __device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
 // read once), and the codes go out as streaming stores. Measured on an H200
 // against a device-to-device copy (tests/pipeline/gpu/fp8_bench.cu): 0.75
 // before (loads as __ldg, plain stores, the divide-or-not choice per
-// element), 0.93-0.94 now; the same structure in a one-file experiment
-// reached 0.99 in the same process, a gap not yet explained.
+// element), about 1.0 now once the GPU's clocks are up (timed first in a
+// process, straight after host work, it showed 0.95).
 __device__ __forceinline__ void LoadShare(const uint16_t* __restrict__ xm, int64_t rows, int64_t cols, int64_t r0,
                                           int64_t c, int row_in_pass, uint4 (&v)[kPasses]) {
 #pragma unroll
