@@ -90,8 +90,11 @@ __device__ __forceinline__ uint32_t E4M3x2(float lo, float hi) {
 // read once), and the codes go out as streaming stores. Measured on an H200
 // against a device-to-device copy (tests/pipeline/gpu/fp8_bench.cu): 0.75
 // before (loads as __ldg, plain stores, the divide-or-not choice per
-// element), about 1.0 now once the GPU's clocks are up (timed first in a
-// process, straight after host work, it showed 0.95).
+// element), 0.946 now, each timed in its own steady state (0.953 on
+// [28672, 4096], 0.916 on [4096, 14336]). A one-file experiment timed this
+// same kernel at 1.006 after other quantize kernels and at 0.951 straight
+// after a copy, in one process; what the preceding work changes is not
+// known yet.
 __device__ __forceinline__ void LoadShare(const uint16_t* __restrict__ xm, int64_t rows, int64_t cols, int64_t r0,
                                           int64_t c, int row_in_pass, uint4 (&v)[kPasses]) {
 #pragma unroll
