@@ -41,7 +41,8 @@ void AddInferenceAgentCommand(CLI::App& app) {
                   "seconds to wait for every rank to register (0: until stopped)")
       ->capture_default_str();
   cmd->add_option("--poll-ms", flags->poll_ms,
-                  "how often to ask the controller for started versions, ms (only delays updates shorter than it)")
+                  "started versions come by a long poll; this is the pause after a failed poll, and the poll interval "
+                  "against a controller without the long poll, ms")
       ->capture_default_str();
   cmd->callback([flags] {
     const int rc = inference::RunInferenceAgentCommand(*flags);

@@ -349,6 +349,10 @@ HeartbeatSender::~HeartbeatSender() {
 
 StatusOr<json> ControllerClient::GetStatus() { return SendJson("GET", "/v1/status", nullptr); }
 
+StatusOr<json> ControllerClient::GetStatus(const std::string& since, milliseconds wait) {
+  return SendJson("GET", "/v1/status?since=" + since + "&wait_ms=" + std::to_string(wait.count()), nullptr, wait);
+}
+
 StatusOr<std::string> ControllerClient::GetMetrics() {
   WSYNC_ASSIGN_OR_RETURN(Reply reply, Send("GET", "/metrics", "", "", milliseconds(0)));
   if (reply.status != 200) return ErrorFrom("GET", "/metrics", reply);

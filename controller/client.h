@@ -136,6 +136,8 @@ class ControllerClient {
   Status Heartbeat(Role role, int32_t rank);
 
   StatusOr<nlohmann::json> GetStatus();
+  // Waits up to `wait` for `since` (a `versions_fingerprint`) to change.
+  StatusOr<nlohmann::json> GetStatus(const std::string& since, std::chrono::milliseconds wait);
   StatusOr<std::string> GetMetrics();
   bool Healthy();
 

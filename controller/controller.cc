@@ -665,6 +665,7 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
   if (!known) {
     Log("version " + std::to_string(v) + " started by trainer rank " + std::to_string(rank));
+    cv_.notify_all();  // the inference agents' status long polls
     // A version that starts while a rank is lost cannot complete: say so now.
     for (const auto& [who, since] : lost_) FailVersionsOfLostLocked(who.first, who.second, LostReason(), now);
     r = versions_.Find(v);

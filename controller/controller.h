@@ -106,7 +106,11 @@ class Controller {
   // Waits up to `wait` for the version to finish. NotFound if never seen.
   StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait);
 
-  nlohmann::json StatusJson();
+  // With `since` (a `versions_fingerprint` of an earlier answer), waits up
+  // to `wait` for a version to start or finish first: the inference agents'
+  // long poll, which learns of a started version at once instead of at the
+  // next poll.
+  nlohmann::json StatusJson(const std::string& since = "", Clock::duration wait = Clock::duration::zero());
   std::string MetricsText();  // Prometheus text format 0.0.4
 
   // Enforces deadlines (world timeout, version deadlines) and logs them.
@@ -160,6 +164,9 @@ class Controller {
   const Clock::time_point started_;
 
   mutable std::mutex mu_;
+  // Changes whenever a version starts or finishes (GET /v1/status's
+  // `versions_fingerprint`).
+  std::string VersionsFingerprintLocked() const;
   std::condition_variable cv_;  // signalled on plan, KV set, version finished, shutdown
 
   bool shutdown_ WSYNC_GUARDED_BY(mu_) = false;

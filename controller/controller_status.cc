@@ -39,10 +39,30 @@ class MetricsWriter {
 
 }  // namespace
 
-json Controller::StatusJson() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const Clock::time_point now = Clock::now();
+std::string Controller::VersionsFingerprintLocked() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (version, state)
+  for (const auto& [v, r] : versions_.records()) {
+    h = (h ^ (v * 4 + static_cast<uint64_t>(r.state))) * 1099511628211ull;
+  }
+  char text[40];
+  std::snprintf(text, sizeof text, "%016llx-%zu", static_cast<unsigned long long>(h), versions_.records().size());
+  return text;
+}
+
+json Controller::StatusJson(const std::string& since, Clock::duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Clock::time_point now = Clock::now();
   TickLocked(now);
+  if (!since.empty()) {
+    const Clock::time_point until = now + wait;
+    // Deadlines expire in TickLocked, not by a notification: look again
+    // at least every 200 ms.
+    while (!shutdown_ && VersionsFingerprintLocked() == since && now < until) {
+      cv_.wait_until(lock, std::min(until, now + std::chrono::milliseconds(200)));
+      now = Clock::now();
+      TickLocked(now);
+    }
+  }
   std::vector<int32_t> reg_trainers, reg_inference;
   for (int32_t r = 0; r < options_.trainers; ++r)
     if (planned_ || trainers_.ranks().count(r)) reg_trainers.push_back(r);
@@ -87,6 +107,7 @@ json Controller::StatusJson() {
            versions_.has_complete() ? json(versions_.latest_complete()) : json(nullptr)},
           {"last_update_seconds", versions_.has_complete() ? json(versions_.last_update_seconds()) : json(nullptr)},
           {"versions", std::move(versions)},
+          {"versions_fingerprint", VersionsFingerprintLocked()},
           {"errors", std::move(errors)}};
 }
 

@@ -195,8 +195,8 @@ void HttpServer::InstallRoutes() {
     Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0)));
   });
 
-  s.Get("/v1/status", [c](const httplib::Request&, httplib::Response& res) {
-    SendJson(res, 200, c->StatusJson());
+  s.Get("/v1/status", [c](const httplib::Request& req, httplib::Response& res) {
+    SendJson(res, 200, c->StatusJson(Param(req, "since").value_or(""), WaitParam(Param(req, "wait_ms"), 0)));
   });
   // Counts and gauges only: no descriptor, key or plan leaves through here.
   open.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace wsync::inference {
@@ -24,11 +25,15 @@ class Runner {
     if (options_.on_registered) options_.on_registered();
     controller::HeartbeatSender heartbeat(client_, controller::Role::kInference, agent_.rank().rank);
     WSYNC_RETURN_IF_ERROR(FetchPlan());
-    while (!stopped()) {
-      PollVersions();
-      // Also the pause between polls: returns early when an outcome arrives.
-      for (const VersionOutcome& out : agent_.TakeOutcomes(options_.poll_interval)) Report(out);
-    }
+    // Outcomes are reported from a thread of their own, so a version's done
+    // never waits behind the long poll for the next one.
+    std::thread reporter([this] {
+      while (!stopped()) {
+        for (const VersionOutcome& out : agent_.TakeOutcomes(options_.poll_interval)) Report(out);
+      }
+    });
+    while (!stopped()) PollVersions();
+    reporter.join();
     // Outcomes that came while stopping (e.g. ABORTED ones come later, from
     // the engine's teardown, and are not reported: the agent is going away).
     for (const VersionOutcome& out : agent_.TakeOutcomes(milliseconds(0))) Report(out);
@@ -67,17 +72,26 @@ class Runner {
     return Status::Ok();
   }
 
+  // One long poll of the controller's status: it answers as soon as a
+  // version starts or finishes (or after a second, so a stop is noticed),
+  // so a started version is armed within a round trip, not a poll interval.
   void PollVersions() {
-    StatusOr<nlohmann::json> status = client_.GetStatus();
+    StatusOr<nlohmann::json> status = client_.GetStatus(fingerprint_, std::chrono::milliseconds(1000));
     if (!status.ok()) {
       // The controller may be restarting; versions it started meanwhile
       // are picked up on the next successful poll.
       if (!controller_down_) Log("controller unreachable, retrying: " + status.status().message());
       controller_down_ = true;
+      fingerprint_.clear();
+      std::this_thread::sleep_for(options_.poll_interval);
       return;
     }
     if (controller_down_) Log("controller reachable again");
     controller_down_ = false;
+    const std::string fingerprint = status->value("versions_fingerprint", std::string());
+    // A controller without the long poll answers at once: poll at the interval.
+    if (fingerprint.empty()) std::this_thread::sleep_for(options_.poll_interval);
+    fingerprint_ = fingerprint;
     const uint64_t complete = agent_.memory().complete_version();
     for (const nlohmann::json& vj : status->value("versions", nlohmann::json::array())) {
       StatusOr<controller::VersionStatus> v = controller::ParseVersionStatus(vj);
@@ -134,6 +148,7 @@ class Runner {
   const std::atomic<bool>& stop_;
   const std::string where_;
   bool controller_down_ = false;
+  std::string fingerprint_;  // of the last status seen ("": none yet)
   std::set<uint64_t> ignored_;
 };
 

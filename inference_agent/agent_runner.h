@@ -26,9 +26,10 @@ struct AgentRunnerOptions {
   std::chrono::milliseconds version_timeout{300000};
   // How long to wait for the rest of the world to register (0: until stopped).
   std::chrono::milliseconds plan_timeout{0};
-  // How often the controller is asked for newly started versions. Noticing
-  // late costs nothing while writes are still in flight (arrivals before
-  // Expect count); it delays the report only for updates shorter than this.
+  // Started versions are learned by a long poll of the controller's status
+  // (answered as soon as a version starts or finishes). This is the pause
+  // after a failed poll, the poll interval against a controller without the
+  // long poll, and how long the reporter waits between looks at `stop`.
   std::chrono::milliseconds poll_interval{100};
   std::function<void(const std::string&)> log;
   // Called once registration succeeded (the CLI prints "ready").

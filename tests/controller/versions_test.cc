@@ -1,5 +1,6 @@
 // Update versions: complete only when every inference rank has its bytes;
 // failures name the rank; deadlines fail a version, never complete it.
+#include <future>
 #include <thread>
 
 #include "controller/version_tracker.h"
@@ -213,6 +214,47 @@ TEST(VersionTrackerTest, OldVersionNumbersAreRefusedAfterACompleteOne) {
   EXPECT_EQ(t.latest_complete(), 10u);
   EXPECT_FALSE(t.Start(9, t0).ok());
   EXPECT_TRUE(t.Start(11, t0).ok());
+}
+
+// The inference agents' long poll: GET /v1/status with the fingerprint of
+// an earlier answer waits for a version to start or finish, and answers
+// with it. A start while the poll is waiting is in its answer; with
+// nothing changing, the same fingerprint comes back when the wait ends.
+TEST_F(ControllerTest, StatusLongPollAnswersWithAVersionThatStartsMeanwhile) {
+  StartServer();
+  RegisterAll();
+  const json before = Status();
+  const std::string since = before.value("versions_fingerprint", std::string());
+  ASSERT_FALSE(since.empty()) << before.dump();
+
+  StatusOr<json> quiet = client_->GetStatus(since, std::chrono::milliseconds(50));
+  ASSERT_TRUE(quiet.ok()) << quiet.status().ToString();
+  EXPECT_EQ((*quiet)["versions_fingerprint"], since);
+  EXPECT_TRUE((*quiet)["versions"].empty());
+
+  std::promise<void> polling;
+  std::thread starter([&] {
+    polling.get_future().wait();
+    // Most likely after the poll reached the controller; if not, the poll
+    // answers at once with the version, which the checks below accept too.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(client_->StartVersion(1, 0).ok());
+  });
+  polling.set_value();
+  StatusOr<json> woke = client_->GetStatus(since, std::chrono::milliseconds(20000));
+  starter.join();
+  ASSERT_TRUE(woke.ok()) << woke.status().ToString();
+  EXPECT_NE((*woke)["versions_fingerprint"], since);
+  ASSERT_EQ((*woke)["versions"].size(), 1u) << woke->dump();
+  EXPECT_EQ((*woke)["versions"][0]["version"], 1);
+  EXPECT_EQ((*woke)["versions"][0]["state"], "started");
+
+  // A version that finishes changes it again.
+  const std::string started = (*woke)["versions_fingerprint"];
+  ASSERT_TRUE(client_->ReportFailure(1, Role::kTrainer, 0, "test").ok());
+  StatusOr<json> failed = client_->GetStatus(started, std::chrono::milliseconds(20000));
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ((*failed)["versions"][0]["state"], "failed");
 }
 
 }  // namespace
