@@ -50,10 +50,10 @@ class DeviceOps {
   virtual bool CanRead(const void* p) = 0;
   // box_pack.h's QuantizeHeld, on device memory: InvalidArgument for NaN/Inf.
   virtual Status QuantizeHeld(const uint16_t* data, const Box& held, uint8_t* q, float* scales) = 0;
-  // Returns once everything issued above has finished. Every QuantizeHeld
-  // that returned OK since the last Synchronize gets an entry in
-  // `nonfinite`, in issue order: whether it met a NaN or an infinity (its
-  // codes must not be sent). With null, any such is an InvalidArgument.
+  // Returns once everything issued above has finished, and sets
+  // `nonfinite` to one entry per QuantizeHeld that returned OK since the
+  // last Synchronize, in issue order: whether it met a NaN or an infinity
+  // (its codes must not be sent).
   virtual Status Synchronize(std::vector<bool>* nonfinite) = 0;
 };
 

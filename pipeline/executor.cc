@@ -184,6 +184,43 @@ void PlanExecutor::Impl::Settle(const SourceWork& sw, const char* stage) {
   quantized.clear();
 }
 
+Status PlanExecutor::Impl::TakeChunk(SourceWork& sw, VersionReport* report) {
+  const auto t0 = Clock::now();
+  bool waited = false;
+  StatusOr<uint64_t> chunk = AllocateTemp(sw.need, &waited);
+  report->seconds.watermark_wait += Since(t0);
+  if (!chunk.ok()) return chunk.status().WithContext(Where(sw) + ": waiting for temporary memory");
+  report->watermark_waits += waited ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sw.chunk = *chunk;
+    sw.pins = 1;
+  }
+  sw.fallback.reset();
+  return Status::Ok();
+}
+
+void PlanExecutor::Impl::Begin(VersionReport* report) {
+  report->sources = work.size();
+  report->watermark_bytes = options.watermark_bytes;
+  run_start = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    write_error = Status::Ok();
+    write_failed.store(false);
+  }
+  if (arena) arena->ResetPeak();
+}
+
+Status PlanExecutor::Impl::Finish(VersionReport* report) {
+  const auto t0 = Clock::now();
+  Status writes = WaitWrites(Clock::now() + options.write_timeout);
+  report->seconds.wait_writes += Since(t0);
+  report->seconds.total = Since(run_start);
+  if (arena) report->peak_temp_bytes = arena->peak();
+  return writes;
+}
+
 StatusOr<uint64_t> PlanExecutor::Impl::AllocateTemp(uint64_t bytes, bool* waited) {
   if (!pending.empty()) {
     // Memory held by pending sources comes back only once they are posted.
@@ -228,19 +265,8 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   }
 
   // 1. watermark
-  auto t0 = Clock::now();
-  bool waited = false;
-  StatusOr<uint64_t> chunk = AllocateTemp(sw.need, &waited);
-  t.watermark_wait += Since(t0);
-  if (!chunk.ok()) return chunk.status().WithContext(Where(sw) + ": waiting for temporary memory");
-  report->watermark_waits += waited ? 1 : 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    sw.chunk = *chunk;
-    sw.pins = 1;
-  }
-  sw.fallback.reset();
-  uint8_t* base = arena->data() + *chunk;
+  WSYNC_RETURN_IF_ERROR(TakeChunk(sw, report));
+  uint8_t* base = arena->data() + sw.chunk;
   uint8_t* held = base;
   // Gives back what the source holds once the device is done with it.
   auto give_up = [&](const char* stage) {
@@ -251,7 +277,7 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   };
 
   // 2. copy (none for a source quantized in place, if the device reaches it)
-  t0 = Clock::now();
+  auto t0 = Clock::now();
   uint64_t bytes = 0;
   const uint8_t* local = run_shards->Shard(src.name, &bytes);
   const uint8_t* quantize_from = held;
@@ -399,19 +425,11 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
   Impl& impl = *impl_;
   VersionReport report;
   report.version = version;
-  report.sources = impl.work.size();
-  report.watermark_bytes = impl.options.watermark_bytes;
-  impl.run_start = Clock::now();
+  impl.Begin(&report);
   impl.run_version = version;
   impl.run_shards = &shards;
   impl.run_report = &report;
   impl.reads_reported = false;
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    impl.write_error = Status::Ok();
-    impl.write_failed.store(false);
-  }
-  if (impl.arena) impl.arena->ResetPeak();
 
   auto t0 = Clock::now();
   Status failure = impl.EnsureGroups(version);
@@ -448,15 +466,11 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
     impl.mesh_groups.clear();
   }
 
-  t0 = Clock::now();
-  Status writes = impl.WaitWrites(Clock::now() + impl.options.write_timeout);
-  report.seconds.wait_writes += Since(t0);
+  Status writes = impl.Finish(&report);
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     impl.writes_timed_out = writes.code() == StatusCode::kDeadlineExceeded;
   }
-  report.seconds.total = Since(impl.run_start);
-  if (impl.arena) report.peak_temp_bytes = impl.arena->peak();
   // A failed collective is often the echo of stalled writes (the peers
   // waited for this rank in their next collective): name both.
   if (!failure.ok() && !writes.ok()) return Status(failure.code(), failure.message() + "; its writes: " + writes.message());
@@ -468,42 +482,20 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
 StatusOr<VersionReport> PlanExecutor::ReplayWrites() {
   Impl& impl = *impl_;
   VersionReport report;
-  report.sources = impl.work.size();
-  report.watermark_bytes = impl.options.watermark_bytes;
-  impl.run_start = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    impl.write_error = Status::Ok();
-    impl.write_failed.store(false);
-  }
-  if (impl.arena) impl.arena->ResetPeak();
+  impl.Begin(&report);
   for (SourceWork& sw : impl.work) {
     if (sw.need == 0 || impl.write_failed.load(std::memory_order_acquire)) continue;
-    auto t0 = Clock::now();
-    bool waited = false;
-    StatusOr<uint64_t> chunk =
-        impl.arena->Allocate(sw.need, t0 + impl.options.write_timeout, [] { return false; }, &waited);
-    report.seconds.watermark_wait += Since(t0);
-    if (!chunk.ok()) {
-      impl.RecordError(chunk.status().WithContext(impl.Where(sw) + ": waiting for temporary memory"));
+    Status taken = impl.TakeChunk(sw, &report);
+    if (!taken.ok()) {
+      impl.RecordError(taken);
       break;
     }
-    report.watermark_waits += waited ? 1 : 0;
-    {
-      std::lock_guard<std::mutex> lock(impl.mu);
-      sw.chunk = *chunk;
-      sw.pins = 1;
-    }
     size_t posted = 0;
-    t0 = Clock::now();
+    auto t0 = Clock::now();
     impl.PostWrites(sw, std::nullopt, nullptr, &posted, &report, &t0);
     impl.GiveBack(sw, posted);
   }
-  auto t0 = Clock::now();
-  Status writes = impl.WaitWrites(Clock::now() + impl.options.write_timeout);
-  report.seconds.wait_writes += Since(t0);
-  report.seconds.total = Since(impl.run_start);
-  if (impl.arena) report.peak_temp_bytes = impl.arena->peak();
+  Status writes = impl.Finish(&report);
   if (!writes.ok()) return writes.WithContext("replaying the plan's writes");
   return report;
 }

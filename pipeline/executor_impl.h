@@ -147,6 +147,12 @@ struct PlanExecutor::Impl {
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
   Status EnsureGroups(uint64_t version);
   Status CheckVersion(size_t g, uint64_t version);
+  // The start and the end of a Run or a replay: the report's fixed fields
+  // and last errors reset; then the wait for writes in flight and the totals.
+  void Begin(VersionReport* report);
+  Status Finish(VersionReport* report);
+  // The watermark step: sw's chunk of temporary memory, and its hold on it.
+  Status TakeChunk(SourceWork& sw, VersionReport* report);
   Status RunSource(SourceWork& sw);
   // Tells the trainer it may go on, if `sw` is the version's last source.
   void ReadsDoneAfter(const SourceWork& sw);

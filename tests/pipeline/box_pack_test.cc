@@ -13,16 +13,6 @@
 namespace wsync {
 namespace {
 
-Box MakeBox(std::vector<int64_t> offset, std::vector<int64_t> size) {
-  Box b;
-  b.ndim = static_cast<int8_t>(size.size());
-  for (size_t d = 0; d < size.size(); ++d) {
-    b.offset[d] = offset[d];
-    b.size[d] = size[d];
-  }
-  return b;
-}
-
 // Row-major element indices of `box` inside `held`, by the definition.
 std::vector<int64_t> Indices(const Box& box, const Box& held) {
   std::vector<int64_t> out;
@@ -43,29 +33,29 @@ std::vector<int64_t> Indices(const Box& box, const Box& held) {
 }
 
 TEST(BoxPackTest, RowShardsOfAMatrixAreOneRunAndColumnShardsAreNot) {
-  const Box held = MakeBox({0, 0}, {8, 6});
+  const Box held{2, {0, 0}, {8, 6}};
   int64_t first = -1;
-  EXPECT_TRUE(ContiguousIn(MakeBox({4, 0}, {4, 6}), held, &first));
+  EXPECT_TRUE(ContiguousIn(Box{2, {4, 0}, {4, 6}}, held, &first));
   EXPECT_EQ(first, 24);
-  EXPECT_TRUE(ContiguousIn(MakeBox({3, 2}, {1, 3}), held, &first));  // part of one row
+  EXPECT_TRUE(ContiguousIn(Box{2, {3, 2}, {1, 3}}, held, &first));  // part of one row
   EXPECT_EQ(first, 20);
-  EXPECT_FALSE(ContiguousIn(MakeBox({0, 3}, {8, 3}), held, &first));
-  EXPECT_FALSE(ContiguousIn(MakeBox({0, 0}, {0, 6}), held, &first));  // empty
+  EXPECT_FALSE(ContiguousIn(Box{2, {0, 3}, {8, 3}}, held, &first));
+  EXPECT_FALSE(ContiguousIn(Box{2, {0, 0}, {0, 6}}, held, &first));  // empty
   // A held box that does not start at the origin (an expert range).
-  EXPECT_TRUE(ContiguousIn(MakeBox({5, 0, 0}, {2, 4, 4}), MakeBox({4, 0, 0}, {4, 4, 4}), &first));
+  EXPECT_TRUE(ContiguousIn(Box{3, {5, 0, 0}, {2, 4, 4}}, Box{3, {4, 0, 0}, {4, 4, 4}}, &first));
   EXPECT_EQ(first, 16);
 }
 
 TEST(BoxPackTest, PitchedRunsOfAColumnShardAreItsRows) {
   PitchedRuns r;
-  ASSERT_TRUE(AsPitchedRuns(MakeBox({0, 2048}, {4096, 2048}), MakeBox({0, 0}, {4096, 4096}), &r));
+  ASSERT_TRUE(AsPitchedRuns(Box{2, {0, 2048}, {4096, 2048}}, Box{2, {0, 0}, {4096, 4096}}, &r));
   EXPECT_EQ(r.first, 2048);
   EXPECT_EQ(r.run, 2048);
   EXPECT_EQ(r.rows, 4096);
   EXPECT_EQ(r.pitch, 4096);
   EXPECT_EQ(r.planes, 1);
   // Stacked experts cut in their last dim: the expert and row dims merge.
-  ASSERT_TRUE(AsPitchedRuns(MakeBox({0, 0, 64}, {8, 32, 64}), MakeBox({0, 0, 0}, {8, 32, 128}), &r));
+  ASSERT_TRUE(AsPitchedRuns(Box{3, {0, 0, 64}, {8, 32, 64}}, Box{3, {0, 0, 0}, {8, 32, 128}}, &r));
   EXPECT_EQ(r.run, 64);
   EXPECT_EQ(r.rows, 8 * 32);
   EXPECT_EQ(r.planes, 1);
@@ -76,20 +66,20 @@ TEST(BoxPackTest, RandomBoxesMatchTheIndexWalk) {
   int contiguous = 0, pitched = 0, refused = 0;
   for (int trial = 0; trial < 4000; ++trial) {
     const int n = 1 + static_cast<int>(rng() % 4);
-    std::vector<int64_t> hoff(n), hsize(n), boff(n), bsize(n);
+    Box held, box;
+    held.ndim = box.ndim = static_cast<int8_t>(n);
     for (int d = 0; d < n; ++d) {
-      hoff[d] = rng() % 3;
-      hsize[d] = 1 + rng() % 5;
-      const int64_t lo = rng() % hsize[d];
+      held.offset[d] = rng() % 3;
+      held.size[d] = 1 + rng() % 5;
+      const int64_t lo = rng() % held.size[d];
       // Whole dims often, so contiguous and pitched boxes both come up.
-      bsize[d] = rng() % 2 ? hsize[d] - lo : rng() % (hsize[d] - lo + 1);
-      boff[d] = hoff[d] + lo;
-      if (bsize[d] == hsize[d] - lo && rng() % 2) {
-        boff[d] = hoff[d];
-        bsize[d] = hsize[d];
+      box.size[d] = rng() % 2 ? held.size[d] - lo : rng() % (held.size[d] - lo + 1);
+      box.offset[d] = held.offset[d] + lo;
+      if (box.size[d] == held.size[d] - lo && rng() % 2) {
+        box.offset[d] = held.offset[d];
+        box.size[d] = held.size[d];
       }
     }
-    const Box held = MakeBox(hoff, hsize), box = MakeBox(boff, bsize);
     const std::vector<int64_t> want = Indices(box, held);
 
     // PackBox of element indices (stored as fp32 values) gives the walk.
