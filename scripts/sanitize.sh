@@ -79,6 +79,12 @@ EXCLUDE='^SyncScenarios\.SmallWatermarkRecyclesMemoryAndNeverExceedsIt$'
 # nothing; under TSan they were ~40% of its test time (routing 134 s,
 # models 67 s of 545 s). ASan+UBSan runs every suite.
 TSAN_SKIP_LABELS='^(routing|models|cli|demo)$'
+# ...and builds only what those suites run (~11% less to compile). A new
+# test binary missing here shows up under TSan as <name>_NOT_BUILT, failing:
+# add it here, or to the skipped labels and the _NOT_BUILT pattern below.
+TSAN_TARGETS=(wsync transport_peer common_test transport_test pipeline_test controller_test
+  inference_agent_test trainer_agent_test integration_test)
+TSAN_NOT_BUILT='^(routing|models|cli|demo)_test_NOT_BUILT$'
 
 # LeakSanitizer stops the process's threads with ptrace; some containers
 # forbid that and LSan then dies at exit instead of reporting. Probe once.
@@ -119,8 +125,10 @@ configure_and_build() {
     "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" \
     "-DCMAKE_EXE_LINKER_FLAGS=$link" "-DCMAKE_SHARED_LINKER_FLAGS=$link" \
     -DWSYNC_PYTHON=OFF -DWSYNC_CUDA=OFF -DWSYNC_TESTS=ON >/dev/null
+  local targets=()
+  [ "$kind" = tsan ] && targets=(--target "${TSAN_TARGETS[@]}")
   say "$kind: building $dir with $JOBS jobs (a fresh build takes minutes)"
-  timed "$kind: build" cmake --build "$dir" -j "$JOBS"
+  timed "$kind: build" cmake --build "$dir" -j "$JOBS" "${targets[@]}"
 }
 
 run_tests() {
@@ -144,7 +152,8 @@ run_tests() {
   else
     export TSAN_OPTIONS="$common:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0"
     unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-    ctest_args+=(-LE "$TSAN_SKIP_LABELS")
+    ctest_args=(--output-on-failure -j "$TEST_JOBS" --timeout 900 -E "$EXCLUDE|$TSAN_NOT_BUILT"
+      -LE "$TSAN_SKIP_LABELS")
     say "tsan: TSAN_OPTIONS=$TSAN_OPTIONS"
     say "tsan: suites with threads only; skipping labels $TSAN_SKIP_LABELS (ASan runs them)"
   fi
