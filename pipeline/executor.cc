@@ -136,9 +136,11 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
     RecordError(FailedPrecondition(Where(sw) + ": the trainer exports " + std::to_string(bytes) +
                                    " bytes for it, but the plan's local shard " + BoxStr(src.local) + " is " +
                                    std::to_string(sw.local_bytes) + " bytes"));
-    std::memset(held + sw.local_at, 0, sw.local_bytes);
+    Status z = Zero(held + sw.local_at, sw.local_bytes);
+    if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
   } else if (sw.local_bytes > 0) {
-    std::memcpy(held + sw.local_at, local, sw.local_bytes);
+    Status c = Copy(held + sw.local_at, local, sw.local_bytes);
+    if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
   }
   t.copy += Since(t0);
   report->copied_bytes += sw.local_bytes;
@@ -146,6 +148,12 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
   // 3. all-gather
   if (sw.gather_group >= 0) {
     t0 = Clock::now();
+    // A device group's collective runs on a stream of its own: the shard
+    // copied above must be in place first.
+    if (options.device != nullptr) {
+      Status synced = options.device->Synchronize();
+      if (!synced.ok()) RecordError(synced.WithContext(Where(sw) + ": copy"));
+    }
     Status s = gather_groups[sw.gather_group]->AllGatherShards(held + sw.local_at, held, sw.held_shape,
                                                                src.gather_dim, src.dtype);
     t.all_gather += Since(t0);
@@ -156,6 +164,12 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
   }
   report->gathered_bytes += sw.held_bytes;
   if (&sw == &work.back()) {
+    // The copies out of the shards are asynchronous on a device: they must
+    // have finished before the trainer may change its weights.
+    if (options.device != nullptr) {
+      Status s = options.device->Synchronize();
+      if (!s.ok()) RecordError(s.WithContext(Where(sw) + ": copy"));
+    }
     shards.ReadsDone(version);
     report->reads_done_after = Since(run_start);
   }
@@ -167,8 +181,10 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
   // 4. quantize
   t0 = Clock::now();
   if (sw.quantize) {
-    Status s = QuantizeHeld(reinterpret_cast<const uint16_t*>(held), src.held, base + sw.q_at,
-                            reinterpret_cast<float*>(base + sw.scale_at));
+    const auto* bf16 = reinterpret_cast<const uint16_t*>(held);
+    auto* scales = reinterpret_cast<float*>(base + sw.scale_at);
+    Status s = options.device != nullptr ? options.device->QuantizeHeld(bf16, src.held, base + sw.q_at, scales)
+                                         : QuantizeHeld(bf16, src.held, base + sw.q_at, scales);
     if (!s.ok()) {
       RecordError(s.WithContext(Where(sw) + ": fp8 quantize"));
       give_back();
@@ -176,19 +192,43 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw, uint64_t version, ShardSour
     }
   }
 
-  // 5. pack + post
+  // 5. pack + post. On a device every write's box is packed first and the
+  // stream drained once, since a write may only be posted once its staging
+  // is final; on the host each write is packed just before it is posted.
   const Box grid = sw.quantize ? HeldScaleGrid(src.held) : Box{};
   const uint32_t imm = static_cast<uint32_t>(version);
+  auto pack = [&](const WriteWork& ww) -> Status {
+    const RankWrite& w = *ww.write;
+    uint8_t* out = base + ww.staging_at;
+    if (w.kind == WriteKind::kScale) return Pack(base + sw.scale_at, grid, DType::kFP32, w.src_box, DType::kFP32, out);
+    if (w.dst_dtype == DType::kFP8E4M3) {
+      return Pack(base + sw.q_at, src.held, DType::kFP8E4M3, w.src_box, DType::kFP8E4M3, out);
+    }
+    return Pack(held, src.held, src.dtype, w.src_box, w.dst_dtype, out);
+  };
+  const bool prepack = options.device != nullptr;
+  if (prepack) {
+    Status packed;
+    for (size_t i = 0; i < sw.writes.size() && packed.ok(); ++i) {
+      packed = pack(sw.writes[i]);
+      if (!packed.ok()) packed = packed.WithContext(WriteWhere(sw, *sw.writes[i].write) + ": pack");
+    }
+    if (packed.ok()) packed = options.device->Synchronize().WithContext(Where(sw) + ": pack");
+    if (!packed.ok()) {
+      RecordError(packed);
+      give_back();
+      return Status::Ok();
+    }
+  }
   for (; posted < sw.writes.size(); ++posted) {
     const WriteWork& ww = sw.writes[posted];
     const RankWrite& w = *ww.write;
-    uint8_t* out = base + ww.staging_at;
-    if (w.kind == WriteKind::kScale) {
-      PackBox(base + sw.scale_at, grid, DType::kFP32, w.src_box, DType::kFP32, out);
-    } else if (w.dst_dtype == DType::kFP8E4M3) {
-      PackBox(base + sw.q_at, src.held, DType::kFP8E4M3, w.src_box, DType::kFP8E4M3, out);
-    } else {
-      PackBox(held, src.held, src.dtype, w.src_box, w.dst_dtype, out);
+    if (!prepack) {
+      Status packed = pack(ww);
+      if (!packed.ok()) {
+        RecordError(packed.WithContext(WriteWhere(sw, w) + ": pack"));
+        break;
+      }
     }
     const auto tp = Clock::now();
     t.quantize_pack += std::chrono::duration<double>(tp - t0).count();

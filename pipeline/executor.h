@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "pipeline/device.h"
 #include "pipeline/group.h"
 #include "pipeline/shard_source.h"
 #include "pipeline/temp_arena.h"
@@ -67,6 +68,10 @@ struct ExecutorOptions {
   // Bound on waiting for temporary memory and for the last writes. The
   // engine's own per-operation timeout normally ends a dead write sooner.
   std::chrono::milliseconds write_timeout{std::chrono::seconds(120)};
+  // Where temporary memory lives and the copy/pack/quantize stages run
+  // (pipeline/device.h); nullptr: host memory and the CPU stages. Must
+  // outlive the executor; the engine must have been made for its memory.
+  DeviceOps* device = nullptr;
 };
 
 // Seconds spent per stage in one Run.

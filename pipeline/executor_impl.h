@@ -3,6 +3,8 @@
 // (executor.cc). Not for other callers.
 #pragma once
 
+#include <cstring>
+
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -11,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "pipeline/box_pack.h"
 #include "pipeline/executor.h"
 
 namespace wsync {
@@ -114,6 +117,22 @@ struct PlanExecutor::Impl {
   Status RunSource(SourceWork& sw, uint64_t version, ShardSource& shards, VersionReport* report);
   void OnWriteDone(const SourceWork& sw, const WriteWork& ww, uint64_t offset, const Status& s);
   void RecordError(const Status& s);
+  // The copy and pack stages on the device, or on the host without one.
+  Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+    if (options.device != nullptr) return options.device->Copy(dst, src, bytes);
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Zero(uint8_t* dst, uint64_t bytes) {
+    if (options.device != nullptr) return options.device->Zero(dst, bytes);
+    std::memset(dst, 0, bytes);
+    return Status::Ok();
+  }
+  Status Pack(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) {
+    if (options.device != nullptr) return options.device->PackBox(data, held, from, box, to, out);
+    PackBox(data, held, from, box, to, out);
+    return Status::Ok();
+  }
   Status WaitWrites(Clock::time_point deadline);
 };
 

@@ -8,26 +8,41 @@
 
 namespace wsync {
 
-StatusOr<std::unique_ptr<TempArena>> TempArena::Create(uint64_t capacity, transport::Engine* engine) {
+StatusOr<std::unique_ptr<TempArena>> TempArena::Create(uint64_t capacity, transport::Engine* engine,
+                                                       DeviceOps* device) {
   if (capacity == 0) return InvalidArgument("temporary memory: capacity must be positive");
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   std::unique_ptr<TempArena> arena(new TempArena);
   arena->capacity_ = AlignTemp(capacity);
   arena->mapped_ = (arena->capacity_ + page - 1) / page * page;
-  void* p = mmap(nullptr, arena->mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    return Internal("mmap of " + std::to_string(arena->mapped_) + " bytes of temporary memory failed: " +
-                    std::strerror(errno));
+  if (device != nullptr) {
+    StatusOr<void*> p = device->Allocate(arena->mapped_);
+    if (!p.ok()) {
+      return p.status().WithContext("temporary memory: " + std::to_string(arena->mapped_) + " bytes on " +
+                                    device->name());
+    }
+    arena->data_ = static_cast<uint8_t*>(*p);
+    arena->device_ = device;
+    WSYNC_ASSIGN_OR_RETURN(arena->region_,
+                           engine->Register(arena->data_, arena->mapped_, device->kind(), device->ordinal()));
+  } else {
+    void* p = mmap(nullptr, arena->mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return Internal("mmap of " + std::to_string(arena->mapped_) + " bytes of temporary memory failed: " +
+                      std::strerror(errno));
+    }
+    arena->data_ = static_cast<uint8_t*>(p);
+    WSYNC_ASSIGN_OR_RETURN(arena->region_, engine->Register(arena->data_, arena->mapped_));
   }
-  arena->data_ = static_cast<uint8_t*>(p);
-  WSYNC_ASSIGN_OR_RETURN(arena->region_, engine->Register(arena->data_, arena->mapped_));
   arena->free_.emplace(0, arena->capacity_);
   return arena;
 }
 
 TempArena::~TempArena() {
-  region_.reset();  // deregister before unmapping
-  if (data_ != nullptr) munmap(data_, mapped_);
+  region_.reset();  // deregister before freeing
+  if (data_ == nullptr) return;
+  if (device_ != nullptr) device_->Free(data_);
+  else munmap(data_, mapped_);
 }
 
 bool TempArena::TryTake(uint64_t bytes, uint64_t* offset) {

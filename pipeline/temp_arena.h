@@ -22,6 +22,7 @@
 #include <mutex>
 
 #include "common/status.h"
+#include "pipeline/device.h"
 #include "transport/engine.h"
 
 namespace wsync {
@@ -32,8 +33,10 @@ constexpr uint64_t AlignTemp(uint64_t n) { return (n + kTempAlignment - 1) / kTe
 class TempArena {
  public:
   // Maps `capacity` bytes (rounded up to pages) and registers them with
-  // `engine`, which must outlive the arena.
-  static StatusOr<std::unique_ptr<TempArena>> Create(uint64_t capacity, transport::Engine* engine);
+  // `engine`, which must outlive the arena. With `device`, the bytes are
+  // that device's memory (DeviceOps::Allocate), registered as such.
+  static StatusOr<std::unique_ptr<TempArena>> Create(uint64_t capacity, transport::Engine* engine,
+                                                     DeviceOps* device = nullptr);
   ~TempArena();
   TempArena(const TempArena&) = delete;
   TempArena& operator=(const TempArena&) = delete;
@@ -63,6 +66,7 @@ class TempArena {
   bool TryTake(uint64_t bytes, uint64_t* offset);  // under mu_
 
   uint8_t* data_ = nullptr;
+  DeviceOps* device_ = nullptr;  // owns data_ when set
   uint64_t mapped_ = 0;
   uint64_t capacity_ = 0;
   std::unique_ptr<transport::MemoryRegion> region_;

@@ -156,6 +156,7 @@ PYBIND11_MODULE(_C, m) {
              config.node = c.value("node", std::string());
              config.watermark_bytes = c.value("watermark_bytes", config.watermark_bytes);
              config.timeout = Ms(c.value("timeout_s", 300.0));
+             config.cuda_device = c.value("cuda_device", -1);
              std::vector<TorchProcessGroup> groups;
              for (const py::handle& item : process_groups) {
                auto pair = item.cast<py::tuple>();
@@ -163,7 +164,7 @@ PYBIND11_MODULE(_C, m) {
                                  pair[1].cast<c10::intrusive_ptr<c10d::ProcessGroup>>()});
              }
              py::gil_scoped_release nogil;
-             auto factory = MakeTorchGroupFactory(std::move(groups), config.timeout);
+             auto factory = MakeTorchGroupFactory(std::move(groups), config.timeout, config.cuda_device);
              StatusOr<std::unique_ptr<TrainerSession>> s = TrainerSession::Create(std::move(config), std::move(factory));
              py::gil_scoped_acquire gil;
              return Take(std::move(s));

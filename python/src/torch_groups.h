@@ -32,7 +32,9 @@ struct TorchProcessGroup {
 };
 
 // `timeout` bounds every collective's wait.
+// `cuda_device` >= 0: the executor's buffers are on that CUDA device (the
+// groups are then NCCL's, or any torch backend that takes CUDA tensors).
 std::unique_ptr<GroupFactory> MakeTorchGroupFactory(std::vector<TorchProcessGroup> groups,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout, int cuda_device = -1);
 
 }  // namespace wsync::python

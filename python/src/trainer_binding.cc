@@ -4,6 +4,7 @@
 #include <iostream>
 #include <utility>
 
+#include "python/src/torch_device.h"
 #include "transport/libfabric/libfabric_engine.h"
 #include "trainer_agent/version_step.h"
 
@@ -96,9 +97,18 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
+  if (s->config_.cuda_device >= 0) {
+    WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device));
+    fabric.enable_hmem = true;
+    fabric.gpu = s->config_.cuda_device;
+  }
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
   s->engine_ = std::move(engine).value();
+  if (s->device_ != nullptr && !s->engine_->capabilities().cuda_memory) {
+    return FailedPrecondition(me + ": the shards are on " + s->device_->name() + ", but " + s->engine_->Describe() +
+                              " cannot register CUDA memory; use a libfabric built with CUDA (FI_HMEM)");
+  }
 
   StatusOr<nlohmann::json> reg = s->client_.RegisterTrainerJson(s->config_.registration);
   if (!reg.ok()) return reg.status().WithContext(me + ": registering with controller " + s->client_.address());
@@ -118,11 +128,13 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   options.watermark_bytes = s->config_.watermark_bytes;
   options.rendezvous_prefix = s->config_.job + "/" + slice->plan_id;
   options.write_timeout = s->config_.timeout;
+  options.device = s->device_.get();
   WSYNC_ASSIGN_OR_RETURN(s->executor_, PlanExecutor::Create(std::move(slice->plan), s->engine_.get(),
                                                             s->groups_.get(), options));
   LogLine(rank, "plan " + s->plan_id_ + ": " + std::to_string(s->executor_->plan().writes) + " writes, " +
                     std::to_string(s->executor_->plan().write_bytes) + " bytes per version; temporary memory " +
-                    std::to_string(s->executor_->arena_bytes()) + " bytes (watermark " +
+                    std::to_string(s->executor_->arena_bytes()) + " bytes" +
+                    (s->device_ ? " on " + s->device_->name() : std::string()) + " (watermark " +
                     std::to_string(options.watermark_bytes) + ")");
   return s;
 }

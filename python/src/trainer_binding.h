@@ -27,6 +27,7 @@
 
 #include "common/status.h"
 #include "controller/client.h"
+#include "pipeline/device.h"
 #include "pipeline/executor.h"
 #include "pipeline/group.h"
 #include "pipeline/shard_source.h"
@@ -44,6 +45,10 @@ struct TrainerConfig {
   std::string node;             // local address for the transport (tcp)
   uint64_t watermark_bytes = 1ull << 30;
   std::chrono::milliseconds timeout{300000};  // registration/plan, each version
+  // The trainer's shards are on this CUDA device (-1: host memory): the
+  // pipeline's temporary memory and stages go there (pipeline/device.h) and
+  // the engine registers device memory (FI_HMEM).
+  int cuda_device = -1;
 };
 
 // One local shard as the trainer holds it now: row-major bytes of the
@@ -113,6 +118,7 @@ class TrainerSession {
   controller::ControllerClient client_;
   const int32_t rank_;
   std::string plan_id_;
+  std::unique_ptr<DeviceOps> device_;  // before engine_ and executor_: the arena is its memory
   std::unique_ptr<transport::Engine> engine_;
   std::unique_ptr<GroupFactory> groups_;
   std::unique_ptr<controller::HeartbeatSender> heartbeat_;

@@ -150,7 +150,7 @@ def _check_fp8_cuts(d, rank, cuts):
         seam += length
 
 
-def engine_layout(state, config, tp=2, ep=1, dtype="fp8_e4m3"):
+def engine_layout(state, config, tp=2, ep=1, dtype="fp8_e4m3", ranks=None):
     """({rank: {engine name: tensor}}, {rank: [layout entry]}) of a TP engine.
 
     state: {HF name: full tensor}; config: the HF config.json dict;
@@ -166,7 +166,7 @@ def engine_layout(state, config, tp=2, ep=1, dtype="fp8_e4m3"):
         raise ValueError(f"dtype must be fp8_e4m3 or bf16, got {dtype!r}")
     defs = _engine_defs(state, config, tp)
     tensors, layout = {}, {}
-    for r in range(tp):
+    for r in (range(tp) if ranks is None else ranks):
         tensors[r], layout[r] = {}, []
         for d in defs:
             entry = {"name": d.name}

@@ -174,10 +174,9 @@ def describe(model, keep_sharded=(), host=None, gpu=None, nic=0):
             local_tensor = t.detach()
             size, offset = list(t.shape), [0] * t.dim()
             ranks = None
-        if local_tensor.device.type != "cpu":
+        if local_tensor.device.type not in ("cpu", "cuda"):
             raise NotImplementedError(
-                f"wsync: tensor '{name}' lives on {local_tensor.device}; this build moves host memory only "
-                f"(GPU shards are issue 8): keep the model on CPU or offload it")
+                f"wsync: tensor '{name}' lives on {local_tensor.device}; wsync reads host and CUDA memory only")
         meshes.setdefault(key, {"names": names, "shape": shape, "coord": coord, "ranks": ranks,
                                 "gather": gather, "first": len(meshes)})
         params.append(({"name": name, "global_shape": list(t.shape), "dtype": dtype, "placements": texts,

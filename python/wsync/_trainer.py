@@ -79,7 +79,8 @@ class TrainerAgent(SessionOwner):
         entry, mesh_groups, self._local, _, ordered = describe(model, keep_sharded=keep_sharded, host=host)
         self.registration = dict(entry, mesh_groups=mesh_groups)
         timeout = datetime.timedelta(seconds=timeout_s)
-        backend = backend or "gloo"
+        self._cuda_device = _shard_device(self._local)
+        backend = backend or ("nccl" if self._cuda_device >= 0 else "gloo")
         groups = []
         for ranks in process_group_rank_sets(ordered):
             pg = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
@@ -87,7 +88,8 @@ class TrainerAgent(SessionOwner):
                 groups.append((dist.get_process_group_ranks(pg), pg))
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
                   "secret_file": secret_file or "", "nics": nics, "node": node,
-                  "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s)}
+                  "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
+                  "cuda_device": self._cuda_device}
         self._session = _C.TrainerSession(json.dumps(config), groups)
         self._groups = groups  # the process groups outlive the session
         self._last = None
@@ -106,12 +108,30 @@ class TrainerAgent(SessionOwner):
                 t = t.contiguous()  # a copy, read by the pipeline instead
                 staged.append(t)
             shards.append((name, t.data_ptr(), t.numel() * t.element_size()))
+        if self._cuda_device >= 0:
+            # The pipeline reads on a stream of its own: the optimizer's
+            # updates (and the copies above) must have landed first.
+            torch.cuda.current_stream(self._cuda_device).synchronize()
         try:
             self._last = Push(self._session.push(int(version), shards), staged)
         except RuntimeError as e:
             raise PushError(str(e)) from None
         return self._last
 
+
+
+def _shard_device(local):
+    """-1 when every local shard is in host memory, else the one CUDA device
+    they are all on (the pipeline runs there)."""
+    devices = {t.device for t in local.values()}
+    cuda = sorted(d.index or 0 for d in devices if d.type == "cuda")
+    if not cuda:
+        return -1
+    others = sorted(str(d) for d in devices if d.type != "cuda")
+    if len(set(cuda)) > 1 or others:
+        raise ValueError("wsync.TrainerAgent: a rank's parameters must all live on one device; found "
+                         + ", ".join(sorted({f"cuda:{i}" for i in cuda}) | set(others)))
+    return cuda[0]
 
 
 class ShardExporter:

@@ -340,6 +340,7 @@ int DomainGroup::PostOne(Request* r) {
       ssize_t ret = nics_[0]->endpoint.PostSend(slot, r->message.size(), bounce_mrs_[0].desc(),
                                                 peers_[r->peer][0], r);
       if (ret == -FI_EAGAIN) {
+        ++r->eagain;
         free_send_slots_.push_back(r->send_slot);
         r->send_slot = UINT32_MAX;
         return 0;
@@ -370,7 +371,7 @@ int DomainGroup::PostOne(Request* r) {
   ssize_t ret = nics_[nic]->endpoint.PostWrite(buf, length, desc, peers_[dst->peer][nic],
                                                dst->address + remote_offset, dst->keys[nic], has_imm,
                                                imm, r);
-  if (ret == -FI_EAGAIN) return 0;
+  if (ret == -FI_EAGAIN) return ++r->eagain, 0;
   if (ret != 0) {
     r->status = FiError(has_imm ? "fi_writedata" : "fi_write", ret,
                         std::string(KindName(r->kind)) + " to peer " + std::to_string(dst->peer) +
@@ -399,7 +400,7 @@ int DomainGroup::PostPages(Request* r, uint32_t nic, size_t first, size_t count)
   }
   ssize_t ret = nics_[nic]->endpoint.PostWriteV(iov, desc, rma, count, peers_[p.dst.peer][nic], p.imm.has_value(),
                                                 p.imm.value_or(0), r);
-  if (ret == -FI_EAGAIN) return 0;
+  if (ret == -FI_EAGAIN) return ++r->eagain, 0;
   if (ret != 0) {
     r->status = FiError("fi_writemsg", ret, "paged write to peer " + std::to_string(p.dst.peer) + " via NIC " +
                                                 std::to_string(nic));
@@ -509,10 +510,16 @@ void DomainGroup::CheckDeadlines(Clock::time_point now) {
     r->released = true;
     auto* notice = new Notice;
     notice->done = std::move(r->done);
+    // Say which side stalled: a provider that never took the operations
+    // (FI_EAGAIN: the peer never connected or its queue stays full) or one
+    // that took them and never completed them.
+    std::string posted = std::to_string(r->posted_ops) + " posted";
+    if (r->eagain > 0) posted += ", the provider answered FI_EAGAIN " + std::to_string(r->eagain) + " times";
     notice->status = DeadlineExceeded(
         std::string(KindName(r->kind)) + ": " + std::to_string(r->total_ops - r->completed_ops) + " of " +
         std::to_string(r->total_ops) + " operations not completed after " +
-        std::to_string(options_.op_timeout.count()) + " ms; the peer is dead, unreachable, or dropped the write (e.g. a stale remote key)");
+        std::to_string(options_.op_timeout.count()) + " ms (" + posted +
+        "); the peer is dead, unreachable, or dropped the write (e.g. a stale remote key)");
     callbacks_->Push(notice);
   }
   for (auto it = pending_recvs_.begin(); it != pending_recvs_.end();) {

@@ -51,6 +51,7 @@ struct Request : Notice {
   uint32_t total_ops = 0;
   uint32_t posted_ops = 0;
   uint32_t completed_ops = 0;
+  uint64_t eagain = 0;  // posts the provider answered FI_EAGAIN (for the timeout's message)
   uint32_t send_slot = UINT32_MAX;
   uint64_t op_charge = 0;  // bytes each op counts against the in-flight cap
   uint32_t base_nic = 0;  // first NIC used; ops go round-robin from it

@@ -8,6 +8,7 @@
 // is present.
 //
 //   transport_gpu_write [bytes=268435456] [iters=20] [provider=shm] [dst_gpu=1]
+//                       [ctx_on_worker=1] [op_timeout_s=60]
 //
 // dst_gpu=0 writes between two processes on one GPU (the one-GPU machine).
 #include <dlfcn.h>
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +34,7 @@ using namespace wsync::transport;
 namespace {
 
 bool ctx_on_worker = true;
+int op_timeout_s = 60;  // op_timeout_s=N: how long a write may stay incomplete
 
 // The few driver entry points we need, resolved from libcuda.so.1.
 struct Cuda {
@@ -114,7 +117,7 @@ fabric::LibfabricOptions Options(const std::string& provider, int gpu, const std
   o.gpu = gpu;  // pin near the GPU (hwloc), as a DomainGroup should
   o.gpu_pci_bus_id = bus_id;
   o.idle_after = std::chrono::microseconds(0);
-  o.op_timeout = std::chrono::seconds(60);
+  o.op_timeout = std::chrono::seconds(op_timeout_s);
   return o;
 }
 
@@ -133,9 +136,15 @@ int Receiver(const std::string& provider, size_t bytes, int iters, int gpu, int 
   std::promise<Status> fired;
   const uint32_t count = (iters + 1) * (*engine)->ArrivalsPerWrite(bytes);  // + warm-up
   Status st = (*engine)->Expect(77, count, [&](const Status& s) { fired.set_value(s); },
-                                Clock::now() + std::chrono::seconds(120));
+                                Clock::now() + std::chrono::seconds(2 * op_timeout_s));
   Send(to_parent, "D" + (*region)->descriptor().Serialize());
   st = fired.get_future().get();
+  // When the last byte had landed here: the writer's completions can come
+  // before the target's copy is done (shm with CUDA memory), so the
+  // bandwidth is timed to this moment. steady_clock is CLOCK_MONOTONIC, the
+  // same clock in both processes.
+  const int64_t landed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch()).count();
   if (!st.ok()) return Send(to_parent, "E" + st.ToString()), 1;
   std::vector<uint8_t> host(bytes);
   e = cuda.Check(cuda.cuMemcpyDtoH(host.data(), dptr, bytes), "cuMemcpyDtoH");
@@ -146,7 +155,7 @@ int Receiver(const std::string& provider, size_t bytes, int iters, int gpu, int 
     while (i < bytes && host[i] == expected[i]) ++i;
     return Send(to_parent, "EGPU 1 bytes differ from the payload from byte " + std::to_string(i)), 1;
   }
-  Send(to_parent, "OK");
+  Send(to_parent, "OK" + std::to_string(landed_ns));
   Receive(from_parent);  // stay until the writer is done
   region->reset();
   return 0;
@@ -165,14 +174,24 @@ int main(int argc, char** argv) {
   const std::string provider = arg.count("provider") ? arg["provider"] : "shm";
   const int dst_gpu = arg.count("dst_gpu") ? std::stoi(arg["dst_gpu"]) : 1;
   ctx_on_worker = !arg.count("ctx_on_worker") || arg["ctx_on_worker"] != "0";
+  if (arg.count("op_timeout_s")) op_timeout_s = std::stoi(arg["op_timeout_s"]);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach a log as they happen
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return 1;
   pid_t child = fork();  // before any CUDA or engine thread exists
-  if (child == 0) _exit(Receiver(provider, bytes, iters, dst_gpu, up[1], down[0]));
+  if (child == 0) {
+    close(down[1]);  // else the child's own copy keeps its "writer done" read from ever ending
+    close(up[0]);
+    _exit(Receiver(provider, bytes, iters, dst_gpu, up[1], down[0]));
+  }
+  close(down[0]);
+  close(up[1]);
   auto fail = [&](const std::string& what) {
     std::printf("FAIL: %s\n", what.c_str());
+    std::fflush(stdout);
     kill(child, SIGKILL);
-    waitpid(child, nullptr, 0);
+    // A process holding a GPU context can take a while to go; don't hang on it.
+    for (int i = 0; i < 100 && waitpid(child, nullptr, WNOHANG) == 0; ++i) usleep(100000);
     return 1;
   };
   Cuda cuda;
@@ -212,12 +231,16 @@ int main(int argc, char** argv) {
   if (!st.ok()) return fail("warm-up write: " + st.ToString());
   const auto t0 = std::chrono::steady_clock::now();
   st = write_all(iters);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double local_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!st.ok()) return fail("write: " + st.ToString());
   msg = Receive(up[0]);
-  if (msg != "OK") return fail("receiver: " + (msg.empty() ? std::string("died") : msg.substr(1)));
-  std::printf("PASS: %d writes of %zu KiB GPU0 -> GPU%d (%s, FI_HMEM cuda), verified; %.2f GB/s\n", iters,
-              bytes >> 10, dst_gpu, provider.c_str(), iters * static_cast<double>(bytes) / secs / 1e9);
+  if (msg.rfind("OK", 0) != 0) return fail("receiver: " + (msg.empty() ? std::string("died") : msg.substr(1)));
+  const auto landed = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(std::stoll(msg.substr(2))));
+  const double secs = std::max(local_secs, std::chrono::duration<double>(landed - t0).count());
+  const double gb = iters * static_cast<double>(bytes) / 1e9;
+  std::printf("PASS: %d writes of %zu KiB GPU0 -> GPU%d (%s, FI_HMEM cuda), verified; %.2f GB/s "
+              "(to the last byte landing at the target; %.2f GB/s by the writer's completions)\n",
+              iters, bytes >> 10, dst_gpu, provider.c_str(), gb / secs, gb / local_secs);
   close(down[1]);
   waitpid(child, nullptr, 0);
   return 0;

@@ -1,0 +1,53 @@
+// DeviceOps: where the executor's temporary memory lives and how bytes move
+// there. Without one (ExecutorOptions::device == nullptr) everything is host
+// memory and the stages are the CPU code of box_pack.h. With one, the arena
+// is device memory registered as such with the engine, and the copy, pack
+// and quantize stages are the device's; every call is ordered on one stream
+// of the device, and Synchronize() waits for it before the engine reads the
+// bytes (a write is posted only after its staging is final) and before the
+// trainer hears ReadsDone (its shards may change after that).
+//
+// The executor stays free of any GPU API: the torch binding implements this
+// over ATen on the trainer's own CUDA device (python/src/torch_device.cc).
+// Implementations must give the same bytes as the CPU stages (box_pack.h,
+// the fp8 reference): the GPU tests compare against plain torch on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "routing/dtype.h"
+#include "routing/routing_table.h"
+#include "transport/engine.h"
+
+namespace wsync {
+
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+
+  // "cuda:0": for logs and errors.
+  virtual std::string name() const = 0;
+  // What the engine is told the memory is, and its device ordinal.
+  virtual transport::MemoryKind kind() const = 0;
+  virtual int ordinal() const = 0;
+
+  // Device memory for the arena (at least `bytes`, 256-byte aligned).
+  virtual StatusOr<void*> Allocate(uint64_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+
+  // `src` may be host or device memory (the trainer's shards live either on
+  // the device or, offloaded, in pinned host memory).
+  virtual Status Copy(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual Status Zero(void* dst, uint64_t bytes) = 0;
+  // box_pack.h's PackBox, on device memory.
+  virtual Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to,
+                         uint8_t* out) = 0;
+  // box_pack.h's QuantizeHeld, on device memory: InvalidArgument for NaN/Inf.
+  virtual Status QuantizeHeld(const uint16_t* data, const Box& held, uint8_t* q, float* scales) = 0;
+  // Returns once everything issued above has finished.
+  virtual Status Synchronize() = 0;
+};
+
+}  // namespace wsync

@@ -1,0 +1,229 @@
+"""GPU end to end on one CUDA machine (issue 8): a trainer process with its
+FSDP2 shards on the GPU pushes a Llama-3-8B-shaped model (random bf16) into
+2 inference processes holding a TP-2 fused block-fp8 layout in GPU memory,
+over libfabric's shm provider with FI_HMEM (a libfabric built with CUDA).
+Every version's bytes are checked on the CPU against plain torch
+(engine_layout.py / fp8_reference.py), apart from wsync's code. Not part of
+CI (no GPU there).
+
+    python python/tests/gpu/gpu_sync.py job --wsync PATH/wsync [--layers 4] [--versions 3]
+
+Prints one line per version (update seconds, GB/s, stages, peak device
+memory against the watermark) and exits non-zero on any mismatch.
+"""
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(TESTS))
+sys.path.insert(0, TESTS)
+
+
+def llama3_8b_config(layers):
+    from transformers import LlamaConfig
+    # meta-llama/Meta-Llama-3-8B's published config.json, with fewer layers when asked.
+    config = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, dtype="bfloat16")
+    config.architectures = ["LlamaForCausalLM"]
+    return config
+
+
+def config_dict(config):
+    d = config.to_dict()
+    d["architectures"] = ["LlamaForCausalLM"]
+    return d
+
+
+def shapes_state(config):
+    """{name: zeros on the CPU} of the model's tensors: what the layout needs."""
+    import torch
+    from transformers import LlamaForCausalLM
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    return {n: torch.zeros(t.shape, dtype=torch.bfloat16) for n, t in model.state_dict().items()}
+
+
+def wait_file(path, timeout):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.05)
+
+
+def trainer(args):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import LlamaForCausalLM
+    import fsdp_setup
+    import wsync
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl")
+    config = llama3_8b_config(args.layers)
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    fsdp_setup.shard_dense(model, init_device_mesh("cuda", (1,), mesh_dim_names=("dp_shard",)))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"trainer: {params / 1e9:.2f} B parameters on cuda:0 (FSDP2, bf16)", flush=True)
+    sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
+                              timeout_s=args.timeout)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for v in range(1, args.versions + 1):
+        with torch.no_grad():  # a stand-in optimizer step: every weight changes
+            for p in model.parameters():
+                p = p.to_local() if hasattr(p, "to_local") else p
+                p.add_(torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.float32).to(p.dtype), alpha=0.01)
+        torch.cuda.synchronize()
+        free_before, total = torch.cuda.mem_get_info()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        h = sync.push(v)
+        h.wait_reads_done(args.timeout)
+        reads_done = time.perf_counter() - t0
+        report = h.wait(args.timeout)
+        report["push_to_complete_seconds"] = time.perf_counter() - t0
+        report["reads_done_seconds"] = reads_done
+        report["torch_peak_above_model_bytes"] = torch.cuda.max_memory_allocated() - base
+        report["device_free_bytes_before"] = free_before
+        report["device_free_bytes_after"] = torch.cuda.mem_get_info()[0]
+        state = {n: t.detach().full_tensor().cpu() for n, t in model.state_dict().items()}
+        torch.save(state, os.path.join(args.work, "trainer.pt"))
+        del state
+        with open(os.path.join(args.work, f"trainer-v{v}.json"), "w") as f:
+            json.dump(report, f)
+        print(f"trainer: version {v}: {json.dumps(report)}", flush=True)
+        for r in range(2):
+            wait_file(os.path.join(args.work, f"engine-{r}-v{v}.done"), args.timeout)
+    sync.close()
+    dist.destroy_process_group()
+
+
+def engine(args):
+    import torch
+    import engine_layout
+    import wsync
+
+    config = llama3_8b_config(args.layers)
+    cfg = config_dict(config)
+    zeros, entries = engine_layout.engine_layout(shapes_state(config), cfg, tp=2, ranks=[args.rank])
+    tensors = {}
+    for name, t in zeros[args.rank].items():  # poisoned: an unwritten byte shows
+        tensors[name] = torch.full((t.numel() * t.element_size(),), 0xFF, dtype=torch.uint8,
+                                   device="cuda").view(t.dtype).view(t.shape)
+    del zeros
+    layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[args.rank]}
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    with wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
+                              layout=layout, timeout_s=args.timeout) as agent:
+        print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered", flush=True)
+        for v in range(1, args.versions + 1):
+            agent.wait_version(v, args.timeout)
+            got = {n: t.cpu() for n, t in tensors.items()}
+            # the trainer saves what it pushed once its push has returned
+            wait_file(os.path.join(args.work, f"trainer-v{v}.json"), args.timeout)
+            state = torch.load(os.path.join(args.work, "trainer.pt"), mmap=True)
+            want, _ = engine_layout.engine_layout(state, cfg, tp=2, ranks=[args.rank])
+            bad = [n for n, w in want[args.rank].items()
+                   if got[n].shape != w.shape or not torch.equal(got[n].view(torch.uint8), w.view(torch.uint8))]
+            line = (f"engine {args.rank}: version {v}: {len(want[args.rank]) - len(bad)} of {len(want[args.rank])} "
+                    f"tensors ({nbytes} bytes) equal plain torch on the CPU" + (f"; differ: {bad[:5]}" if bad else ""))
+            print(line, flush=True)
+            with open(os.path.join(args.work, f"engine-{args.rank}-v{v}.{'done' if not bad else 'bad'}"), "w") as f:
+                f.write(line + "\n")
+            if bad:
+                sys.exit(1)
+
+
+def job(args):
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    secret = os.path.join(args.work, "job.secret")
+    subprocess.run([args.wsync, "secret", secret], check=True)
+    cfg_path = os.path.join(args.work, "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config_dict(llama3_8b_config(args.layers)), f)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", WSYNC_SECRET_FILE=secret)
+    procs = []
+
+    def start(name, cmd, extra_env=None):
+        if os.environ.get("WSYNC_GDB") and name != "controller":  # a native backtrace if it crashes
+            cmd = ["cuda-gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 30", "-ex", "info threads", "--args", *cmd]
+        log = open(os.path.join(args.work, f"{name}.log"), "w")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE if name == "controller" else log, stderr=log,
+                             env=dict(env, **(extra_env or {})), cwd=ROOT)
+        procs.append((name, p))
+        return p
+
+    ctl = start("controller", [args.wsync, "controller", "--secret-file", secret, "--listen", "127.0.0.1:0",
+                               "--state-dir", os.path.join(args.work, "state"), "--trainers", "1", "--inference", "2",
+                               "--mapping", os.path.join(ROOT, "configs", "mappings", "llama.json"),
+                               "--model-config", cfg_path, "--version-timeout", str(int(args.timeout))])
+    address = ctl.stdout.readline().decode().strip()
+    print(f"job: controller at {address}; {args.layers} layers of Llama-3-8B, {args.versions} versions", flush=True)
+    common = ["--controller", address, "--work", args.work, "--layers", str(args.layers),
+              "--versions", str(args.versions), "--timeout", str(args.timeout)]
+    me = os.path.abspath(__file__)
+    engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
+    port = 29500 + secrets.randbelow(1000)
+    tr = start("trainer", [sys.executable, me, "trainer", "--watermark-mb", str(args.watermark_mb), *common],
+               {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    rc = 0
+    try:
+        for name, p in [("trainer", tr), ("engine0", engines[0]), ("engine1", engines[1])]:
+            try:
+                code = p.wait(timeout=args.timeout * (args.versions + 2))
+                if code != 0:
+                    print(f"job: {name} exited with {code}", flush=True)
+                rc |= code != 0
+            except subprocess.TimeoutExpired:
+                print(f"job: {name} still running; stopping", flush=True)
+                rc |= 1
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for _, p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for name in ("trainer", "engine0", "engine1"):
+        with open(os.path.join(args.work, f"{name}.log")) as f:
+            lines = f.read().splitlines()
+        print(f"--- {name}.log (last lines)\n" + "\n".join(lines[-25:]), flush=True)
+    print(f"job: {'PASS' if rc == 0 else 'FAIL'}", flush=True)
+    return rc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=["job", "trainer", "engine"])
+    ap.add_argument("--wsync", default="wsync")
+    ap.add_argument("--controller")
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--work", default="/tmp/wsync-gpu-sync")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--watermark-mb", type=int, default=2048)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    if args.role == "job":
+        sys.exit(job(args))
+    (trainer if args.role == "trainer" else engine)(args)
+
+
+if __name__ == "__main__":
+    main()
