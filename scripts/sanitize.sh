@@ -65,7 +65,7 @@ fi
 # Left out under both sanitizers: the one test on the ~1 GB demo model. Its
 # time goes into the harness computing the expected bytes element by
 # element (demo/synthetic.cc, demo/reference.cc): ~6 min under ASan alone,
-# far more under TSan, against ~20 s in Release. What it exercises is run
+# far more under TSan, against ~1 min in Release. What it exercises is run
 # here at small scale: the watermark recycling by
 # ExecutorTest.SmallWatermarkBindsAndIsNeverExceeded (both providers), whole
 # deployments by the other SyncScenarios; the normal suites run it as is.
