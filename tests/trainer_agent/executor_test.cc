@@ -169,6 +169,11 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Runs a full update of version v on all ranks and checks every byte.
+  // A receiver whose expect of v failed (deadline, error) is not read: v's
+  // writes may still be landing in its memory (TSan saw the comparison race
+  // with a late write over tcp, after a Gloo timeout on a loaded machine),
+  // so its bytes say nothing yet. Callers stop at the first failure for the
+  // same reason: the next version's fill would race with those writes too.
   std::vector<VersionReport> UpdateAndVerify(uint64_t v) {
     const testing::FullWeights full = testing::MakeFullWeights(v);
     PublishVersion(v, full);
@@ -183,6 +188,7 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
     for (int i = 0; i < kInference; ++i) {
       Status s = landed[i].get();
       EXPECT_TRUE(s.ok()) << "inference rank " << i << ": " << s.ToString();
+      if (!s.ok()) continue;  // writes of v may still land: see above
       const std::vector<uint8_t> want = testing::ExpectedRegion(i, full, fixture_->region_bytes);
       const std::vector<uint8_t>& got = fixture_->targets[i].memory;
       size_t bad = 0, first = 0;
@@ -211,6 +217,7 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
   for (const TrainerRankPlan& p : fixture_->plans) plan_bytes += p.write_bytes;
   for (uint64_t v = 1; v <= 3; ++v) {
     std::vector<VersionReport> reports = UpdateAndVerify(v);
+    if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)
     ASSERT_EQ(reports.size(), static_cast<size_t>(kTrainers));
     uint64_t written = 0;
     for (int r = 0; r < kTrainers; ++r) {
@@ -250,6 +257,7 @@ TEST_P(ExecutorTest, SmallWatermarkBindsAndIsNeverExceeded) {
       max_peak = std::max(max_peak, rep.peak_temp_bytes);
       std::fprintf(stderr, "%s\n", rep.Summary().c_str());
     }
+    if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)
     EXPECT_EQ(max_peak, watermark) << "the watermark should bind on the rank with the largest source";
   }
 }
