@@ -114,7 +114,7 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     const uint64_t v = *published;
     last = v;
     Status why;
-    if (StartVersion(client, rank.rank, v, options.log, &why) == VersionDecision::kSkip) {
+    if (StartVersion(client, **executor, rank.rank, v, options.log, &why) == VersionDecision::kSkip) {
       (*view)->MarkFailed(v);
       if (options.on_version) options.on_version(v, why);
       continue;

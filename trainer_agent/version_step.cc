@@ -9,8 +9,8 @@ void Log(const std::function<void(const std::string&)>& log, const std::string& 
 
 }  // namespace
 
-VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v,
-                             const std::function<void(const std::string&)>& log, Status* why) {
+VersionDecision StartVersion(controller::ControllerClient& client, PlanExecutor& executor, int32_t rank,
+                             uint64_t v, const std::function<void(const std::string&)>& log, Status* why) {
   StatusOr<controller::VersionStatus> started = client.StartVersion(v, rank);
   if (started.ok()) return VersionDecision::kRun;
   if (started.status().code() == StatusCode::kFailedPrecondition) {
@@ -18,6 +18,7 @@ VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank,
     if (state.ok() && state->complete()) return VersionDecision::kRun;
     Log(log, "version " + std::to_string(v) + " skipped: " + started.status().message());
     if (why != nullptr) *why = started.status();
+    executor.ResetGroups();  // the peers that ran v rebuild theirs (version_step.h)
     return VersionDecision::kSkip;
   }
   Log(log, "warning: could not start version " + std::to_string(v) + " at the controller: " +

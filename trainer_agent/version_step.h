@@ -28,8 +28,15 @@ enum class VersionDecision { kRun, kSkip };
 // complete version still runs: a rank with no writes can be late, and its
 // peers may wait in its barriers. An unreachable controller is logged and the
 // version runs anyway.
-VersionDecision StartVersion(controller::ControllerClient& client, int32_t rank, uint64_t v,
-                             const std::function<void(const std::string&)>& log, Status* why);
+// On kSkip the executor's collective groups are dropped: every peer that ran
+// `v` failed a collective with this rank (it never joined one) and rebuilds
+// its groups under the next version's generation, so this rank must too.
+// Keeping them, it would run the next version on the old, broken groups
+// while its peers wait for it in the new ones' rendezvous, failing that
+// version as well (seen under TSan: a rank slow to start version 2 found it
+// already failed, then failed version 3 for everyone).
+VersionDecision StartVersion(controller::ControllerClient& client, PlanExecutor& executor, int32_t rank,
+                             uint64_t v, const std::function<void(const std::string&)>& log, Status* why);
 
 // The executor's report as the controller keeps it (`stats` of trainer_done).
 nlohmann::json VersionStats(const VersionReport& report);

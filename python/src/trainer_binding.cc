@@ -171,7 +171,8 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
   pipeline_ = std::thread([this, v, state, shards = std::move(shards)]() mutable {
     auto log = [this](const std::string& line) { LogLine(rank_, line); };
     Status why;
-    if (trainer_agent::StartVersion(client_, rank_, v, log, &why) == trainer_agent::VersionDecision::kSkip) {
+    if (trainer_agent::StartVersion(client_, *executor_, rank_, v, log, &why) ==
+        trainer_agent::VersionDecision::kSkip) {
       state->Finish(why);
       return;
     }
