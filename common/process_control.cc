@@ -38,6 +38,17 @@ StopOnSignal::~StopOnSignal() {
     pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait; ignored via done_
   }
   thread_.join();
+  // A stop is often asked for more than once (demo/process.cc signals the
+  // child's group and then the child; supervisors do the same). The sigwait
+  // thread took the first; the rest are pending and already answered.
+  // Unblocked, they would be delivered here, halfway through the caller's
+  // shutdown, to the handlers libraries installed: libfabric's shm provider
+  // chains to libinfinipath's (loaded with libfabric), which ends the
+  // process with exit() from inside the handler, so exit-time destructors
+  // ran in a signal (TSan reported it) and the agent's own status was lost.
+  const timespec now{0, 0};
+  while (sigtimedwait(&set_, nullptr, &now) > 0) {
+  }
   pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 }
 

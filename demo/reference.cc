@@ -157,9 +157,10 @@ void QuantizeMatrix(const uint16_t* x, int64_t rows, int64_t cols, uint8_t* q, f
   }
 }
 
+}  // namespace
+
 // Pattern -> regex: {*} any text, {Name} a decimal number bound to Name.
-bool MatchPattern(const std::string& pattern, const std::string& name,
-                  std::vector<std::pair<std::string, std::string>>* bound) {
+Reference::EnginePattern Reference::CompilePattern(const std::string& pattern) {
   std::string re;
   std::vector<std::string> names;
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -174,8 +175,15 @@ bool MatchPattern(const std::string& pattern, const std::string& name,
       re += pattern[i];
     }
   }
+  return EnginePattern{std::regex(re), std::move(names)};
+}
+
+namespace {
+
+bool MatchPattern(const std::regex& re, const std::vector<std::string>& names, const std::string& name,
+                  std::vector<std::pair<std::string, std::string>>* bound) {
   std::smatch m;
-  if (!std::regex_match(name, m, std::regex(re))) return false;
+  if (!std::regex_match(name, m, re)) return false;
   for (size_t k = 0; k < names.size(); ++k) bound->emplace_back(names[k], m[k + 1].str());
   return true;
 }
@@ -201,6 +209,7 @@ Reference::Reference(const TrainerSpec& trainer, const MappingSpec& mapping) : m
   for (const TrainerRank& r : trainer.ranks) {
     for (const TrainerParam& p : r.params) sources_.emplace(p.name, SourceInfo{p.global_shape, p.dtype});
   }
+  for (const MappingRule& r : mapping_.rules) patterns_.push_back(CompilePattern(r.engine));
 }
 
 StatusOr<ExpectedTensor> Reference::Expected(const InferenceTensor& t, uint64_t version) const {
@@ -232,10 +241,11 @@ StatusOr<Reference::Unsliced> Reference::Build(const InferenceTensor& t, uint64_
   auto where = [&](const std::string& what) { return InvalidArgument("reference: tensor '" + t.name + "': " + what); };
   const MappingRule* rule = nullptr;
   std::vector<std::pair<std::string, std::string>> bound;
-  for (const MappingRule& r : mapping_.rules) {
+  for (size_t i = 0; i < mapping_.rules.size(); ++i) {
+    const MappingRule& r = mapping_.rules[i];
     if (r.kind == MappingRule::Kind::kSkip) continue;
     bound.clear();
-    if (MatchPattern(r.engine, t.name, &bound)) {
+    if (MatchPattern(patterns_[i].re, patterns_[i].names, t.name, &bound)) {
       rule = &r;
       break;
     }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <regex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -51,8 +52,18 @@ class Reference {
     Shape shape;
     DType dtype;
   };
+  // A rule's engine pattern as a regex and the names of its {Name} groups.
+  struct EnginePattern {
+    std::regex re;
+    std::vector<std::string> names;
+  };
+  static EnginePattern CompilePattern(const std::string& pattern);
   std::unordered_map<std::string, SourceInfo> sources_;
   const MappingSpec& mapping_;
+  // One per mapping rule, compiled here and only matched by Expected(): it
+  // runs on several threads at once, and compiling a std::regex writes the
+  // shared ctype<char> facet's lazy narrow() cache (a data race, TSan).
+  std::vector<EnginePattern> patterns_;
 };
 
 }  // namespace wsync::demo

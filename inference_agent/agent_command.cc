@@ -52,13 +52,15 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
     LogLine("error: " + s.message());
     return 1;
   };
+  // First, before any thread and before the layout loads (see the trainer
+  // agent's command: libraries' load-time handlers must not see a stop).
+  StopOnSignal signals("inference-agent");
   StatusOr<InferenceRank> rank = LoadInferenceRank(flags);
   if (!rank.ok()) return fail(rank.status());
   StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
       flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
   if (!client.ok()) return fail(client.status());
 
-  StopOnSignal signals("inference-agent");  // before any thread is started
   const std::string shm_name = flags.shm_name.empty() ? WeightStoreName(flags.job, flags.rank) : flags.shm_name;
   StatusOr<WeightStore> store =
       flags.attach ? WeightStore::Attach(shm_name, *rank) : WeightStore::Create(shm_name, *rank);

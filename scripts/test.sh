@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command named in README.md: installs deps, builds, runs every ctest suite,
-# the torch tests, a short chaos run and a short fuzz of every parser.
+# the torch tests, a short chaos run, a short fuzz of every parser, then the
+# ctest suites under ASan+UBSan and TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -32,3 +33,10 @@ echo "test: short chaos run (10 faults, about a minute; scripts/chaos.sh runs 20
 # seconds each (a clang build of its own in build-fuzz; docs/FUZZING.md).
 echo "test: fuzz targets (scripts/fuzz.sh, ${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+# The C++ suites again, built with ASan+UBSan and with TSan in build-asan/
+# and build-tsan/ (scripts/sanitize.sh says what each runs and leaves out).
+# WSYNC_SANITIZE=asan|tsan runs one; WSYNC_SANITIZE=none skips them locally.
+if [ "${WSYNC_SANITIZE:-all}" != none ]; then
+  echo "test: C++ suites under sanitizers (${WSYNC_SANITIZE:-all})"
+  bash scripts/sanitize.sh "${WSYNC_SANITIZE:-all}"
+fi

@@ -61,6 +61,10 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
     LogLine("error: " + s.message());
     return 1;
   };
+  // First, before any thread and before the specs load: a stop that comes
+  // earlier meets the handlers libraries install when they are loaded
+  // (libinfinipath, pulled in by libfabric, exits from inside its handler).
+  StopOnSignal signals("trainer-agent");
   StatusOr<TrainerRankSpec> spec = LoadTrainerRank(flags);
   if (!spec.ok()) return fail(spec.status());
   StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
@@ -73,7 +77,6 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
     shm_name = *name;
   }
 
-  StopOnSignal signals("trainer-agent");  // before any thread is started
   transport::fabric::LibfabricOptions fabric;
   fabric.provider = flags.provider;
   fabric.num_nics = flags.nics;

@@ -163,7 +163,9 @@ TEST(SyncScenarios, MissingInferenceAgentIsNamedAndNothingIsWritten) {
     StatusOr<nlohmann::json> st = s->client().GetStatus();
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     status = *st;
-    if (status.value("phase", "") == "failed_to_assemble") break;
+    // Trainer agents that start late (slow machines, sanitizers) still
+    // register after the timeout; what must stay missing is inference 1.
+    if (status.value("phase", "") == "failed_to_assemble" && status["missing"]["trainer"].empty()) break;
     std::this_thread::sleep_for(milliseconds(100));
   }
   EXPECT_EQ(status["phase"], "failed_to_assemble") << status.dump();
