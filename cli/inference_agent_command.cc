@@ -44,6 +44,9 @@ void AddInferenceAgentCommand(CLI::App& app) {
                   "started versions come by a long poll; this is the pause after a failed poll, and the poll interval "
                   "against a controller without the long poll, ms")
       ->capture_default_str();
+  cmd->add_flag("--verify-checksums", flags->verify_checksums,
+                "before a version is complete here, hash what landed and compare with the trainers' checksums "
+                "(trainers run with --checksums); a mismatch fails the version, naming the tensor");
   cmd->callback([flags] {
     const int rc = inference::RunInferenceAgentCommand(*flags);
     if (rc != 0) throw CLI::RuntimeError(rc);

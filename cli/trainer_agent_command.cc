@@ -37,6 +37,9 @@ void AddTrainerAgentCommand(CLI::App& app) {
                   "bound on temporary memory in flight, bytes (suffixes KiB/MiB/GiB or KB/MB/GB accepted)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  cmd->add_flag("--checksums", flags->checksums,
+                "send the controller a checksum of every write, for the inference agents' --verify-checksums "
+                "(a pass over the written bytes per version)");
   cmd->add_option("--gloo-host", flags->gloo_host, "address the other trainer ranks reach this rank's Gloo at")
       ->capture_default_str();
   cmd->add_option("--gloo-iface", flags->gloo_iface, "network interface for Gloo (instead of --gloo-host)");

@@ -25,6 +25,8 @@ enum class StatusCode {
   kAborted,           // an operation was cancelled (e.g. shutdown)
   kUnauthenticated,   // a request without a valid signature of the job secret
   kResourceExhausted, // a request or input over its size limit
+  kDataLoss,          // bytes that are not what was sent (a checksum mismatch)
+  kUnimplemented,     // not supported by this implementation (e.g. reading device memory)
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -64,6 +66,8 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
+inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -298,6 +298,32 @@ StatusOr<VersionStatus> ControllerClient::GetVersion(uint64_t version) {
   return ParseVersionStatus(j);
 }
 
+StatusOr<std::vector<WriteChecksum>> ControllerClient::FetchChecksums(uint64_t version, int32_t rank,
+                                                                     Clock::time_point deadline) {
+  const std::string path = "/v1/versions/" + std::to_string(version) + "/checksums?rank=" + std::to_string(rank);
+  StatusOr<json> j = InvalidArgument("unreached");
+  do {
+    const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
+    j = SendJson("GET", path + "&wait_ms=" + std::to_string(wait.count()), nullptr, wait);
+  } while (!j.ok() && j.status().code() == StatusCode::kDeadlineExceeded && Clock::now() < deadline);
+  if (!j.ok()) return j.status();
+  const std::string where = "controller " + address() + ": " + path + ": ";
+  const json regions = j->value("checksums", json());
+  if (!regions.is_object()) return Internal(where + "no 'checksums' object in the answer");
+  std::vector<WriteChecksum> out;
+  for (const auto& [region, list] : regions.items()) {
+    if (!list.is_array()) return Internal(where + "region '" + region + "': not a list");
+    for (const json& e : list) {
+      std::optional<uint64_t> h;
+      if (e.is_array() && e.size() == 3 && e[0].is_number_unsigned() && e[1].is_number_unsigned() && e[2].is_string())
+        h = ParseChecksumText(e[2].get<std::string>());
+      if (!h) return Internal(where + "region '" + region + "': entry " + e.dump() + " is not [offset, bytes, hash]");
+      out.push_back(WriteChecksum{rank, region, e[0].get<uint64_t>(), e[1].get<uint64_t>(), *h});
+    }
+  }
+  return out;
+}
+
 StatusOr<VersionStatus> ControllerClient::WaitVersion(uint64_t version, Clock::time_point deadline) {
   while (true) {
     const milliseconds wait = std::min(Remaining(deadline), kPollSlice);

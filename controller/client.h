@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/checksum.h"
 #include "common/status.h"
 #include "controller/auth.h"
 #include "controller/role.h"
@@ -125,6 +126,12 @@ class ControllerClient {
   StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result);
   StatusOr<VersionStatus> ReportFailure(uint64_t version, Role role, int32_t rank, const std::string& error);
   StatusOr<VersionStatus> GetVersion(uint64_t version);
+  // What the trainers hashed of every write inference rank `rank` receives
+  // in `version` (GET /v1/versions/<v>/checksums), once all of them have
+  // reported done, waiting until `deadline` for that (then DeadlineExceeded
+  // naming the trainer ranks still out). FailedPrecondition when the version
+  // failed or a trainer runs without checksums.
+  StatusOr<std::vector<WriteChecksum>> FetchChecksums(uint64_t version, int32_t rank, Clock::time_point deadline);
   // Until the version is complete or failed (returned as a VersionStatus,
   // check failed()), or `deadline` (DeadlineExceeded). A version not yet
   // started is waited for too.

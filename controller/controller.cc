@@ -695,6 +695,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
                                                 : versions_.InferenceDone(v, rank, ok, error, now));
   VersionFinishedLocked(was_finished, *r);
+  cv_.notify_all();  // VersionChecksums waits for every trainer's report
   return r->ToJson(now);
 }
 
@@ -722,6 +723,47 @@ StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait) {
     if (!r) return NotFound("version " + std::to_string(v) + " was never started (or is too old to be kept)");
     if (r->finished() || now >= until || shutdown_) return r->ToJson(now);
     // Wake at the version's deadline too, so expiry is seen while waiting.
+    cv_.wait_until(lock, std::min(until, r->deadline + std::chrono::milliseconds(1)));
+  }
+}
+
+StatusOr<json> Controller::VersionChecksums(uint64_t v, int32_t rank, Clock::duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::string where = "version " + std::to_string(v) + ": checksums for inference rank " + std::to_string(rank);
+  if (rank < 0 || rank >= options_.inference)
+    return InvalidArgument(where + ": no such rank (the job has " + std::to_string(options_.inference) + ")");
+  const Clock::time_point until = Clock::now() + wait;
+  while (true) {
+    const Clock::time_point now = Clock::now();
+    TickLocked(now);
+    const VersionRecord* r = versions_.Find(v);
+    if (!r) return NotFound(where + ": the version was never started (or is too old to be kept)");
+    if (r->state == VersionState::kFailed) {
+      const std::string why = r->failures.empty() ? "" : ": " + r->failures.front().role + " rank " +
+                                                             std::to_string(r->failures.front().rank) + ": " +
+                                                             r->failures.front().error;
+      return FailedPrecondition(where + ": the version failed" + why);
+    }
+    if (static_cast<int32_t>(r->trainer_done.size()) == options_.trainers) {
+      std::vector<int32_t> without;
+      for (int32_t t : r->trainer_done)
+        if (r->checksum_trainers.count(t) == 0) without.push_back(t);
+      if (!without.empty()) {
+        std::string ranks;
+        for (int32_t t : without) ranks += (ranks.empty() ? "" : ", ") + std::to_string(t);
+        return FailedPrecondition(where + ": trainer ranks [" + ranks +
+                                  "] sent none (run them with --checksums, or TrainerAgent(checksums=True))");
+      }
+      auto it = r->checksums.find(rank);
+      return json{{"version", v}, {"rank", rank}, {"state", VersionStateName(r->state)},
+                  {"checksums", it == r->checksums.end() ? json::object() : it->second}};
+    }
+    if (now >= until || shutdown_) {
+      std::string ranks;
+      for (int32_t t = 0; t < options_.trainers; ++t)
+        if (r->trainer_done.count(t) == 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(t);
+      return DeadlineExceeded(where + ": trainer ranks [" + ranks + "] have not reported done");
+    }
     cv_.wait_until(lock, std::min(until, r->deadline + std::chrono::milliseconds(1)));
   }
 }

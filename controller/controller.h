@@ -105,6 +105,13 @@ class Controller {
                                          const std::string& error);
   // Waits up to `wait` for the version to finish. NotFound if never seen.
   StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait);
+  // The checksums of every write inference rank `rank` receives in `v`, as
+  // the trainers sent them, once every trainer rank reported done (waits up
+  // to `wait` for that): {"version", "rank", "state", "checksums": {"<region>":
+  // [[offset, bytes, "<hash>"], ...]}}. FailedPrecondition when v failed or
+  // a trainer sent none (it runs without checksums); DeadlineExceeded naming
+  // the trainer ranks still out.
+  StatusOr<nlohmann::json> VersionChecksums(uint64_t v, int32_t rank, Clock::duration wait);
 
   // With `since` (a `versions_fingerprint` of an earlier answer), waits up
   // to `wait` for a version to start or finish first: the inference agents'

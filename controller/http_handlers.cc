@@ -132,6 +132,17 @@ StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, co
   return c.ReportDone(v, role, rank, ok.get<bool>(), error, body.value("stats", json()));
 }
 
+StatusOr<json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank_text,
+                                  std::chrono::milliseconds wait) {
+  WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
+  char* end = nullptr;
+  errno = 0;
+  const long rank = std::strtol(rank_text.c_str(), &end, 10);
+  if (rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
+    return InvalidArgument("/v1/versions/" + version + "/checksums needs ?rank=R (an inference rank)");
+  return c.VersionChecksums(v, static_cast<int32_t>(rank), wait);
+}
+
 StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait) {
   WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
   return c.GetVersion(v, wait);

@@ -51,6 +51,9 @@ StatusOr<nlohmann::json> HandleKvAdd(Controller& c, const std::string& key, cons
 StatusOr<nlohmann::json> HandleVersionReport(Controller& c, const std::string& version,
                                              const std::string& action, const std::string& path,
                                              const std::string& body);
+// GET /v1/versions/<v>/checksums?rank=R[&wait_ms=T]
+StatusOr<nlohmann::json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank,
+                                            std::chrono::milliseconds wait);
 // GET /v1/versions/<v>
 StatusOr<nlohmann::json> HandleGetVersion(Controller& c, const std::string& version,
                                           std::chrono::milliseconds wait);

@@ -33,6 +33,8 @@ int HttpCode(StatusCode code) {
     case StatusCode::kInternal: return 500;
     case StatusCode::kUnauthenticated: return 401;
     case StatusCode::kResourceExhausted: return 413;
+    case StatusCode::kDataLoss: return 500;
+    case StatusCode::kUnimplemented: return 501;
   }
   return 500;
 }
@@ -77,7 +79,13 @@ size_t BodyLimit(const std::string& method, const std::string& path) {
   constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
   if (path.rfind("/v1/register/", 0) == 0) return 16 * kMiB;
   if (method == "PUT" && path.rfind("/v1/kv/", 0) == 0) return 1 * kMiB;
-  if (path.rfind("/v1/versions/", 0) == 0) return 1 * kMiB;
+  if (path.rfind("/v1/versions/", 0) == 0) {
+    // A trainer rank's checksums ride on its trainer_done: ~60 bytes per
+    // write it posts (a Kimi-K2 rank posts some thousands).
+    const std::string done = "/trainer_done";
+    const bool trainer_done = path.size() > done.size() && path.compare(path.size() - done.size(), done.size(), done) == 0;
+    return trainer_done ? 16 * kMiB : 1 * kMiB;
+  }
   return 64 * kKiB;
 }
 
@@ -191,6 +199,10 @@ void HttpServer::InstallRoutes() {
          [c](const httplib::Request& req, httplib::Response& res) {
            Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
          });
+  s.Get(R"(/v1/versions/([^/]+)/checksums)", [c](const httplib::Request& req, httplib::Response& res) {
+    Send(res, HandleGetChecksums(*c, req.matches[1], req.get_param_value("rank"),
+                                 WaitParam(Param(req, "wait_ms"), 0)));
+  });
   s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0)));
   });

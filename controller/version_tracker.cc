@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+
+#include "common/checksum.h"
 
 namespace wsync::controller {
 
@@ -18,6 +21,30 @@ std::string Ranks(const std::vector<int32_t>& ranks) {
   std::string s = "[";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s + "]";
+}
+
+// stats.checksums of a trainer_done (trainer_agent::ChecksumsJson): inference
+// ranks -> regions -> [offset, bytes, 16 hex digits] entries.
+Status CheckChecksums(const nlohmann::json& c, int32_t inference) {
+  const std::string where = "trainer_done: 'stats.checksums'";
+  if (!c.is_object()) return InvalidArgument(where + " must be an object of inference ranks");
+  for (const auto& [dst, regions] : c.items()) {
+    char* end = nullptr;
+    const long rank = std::strtol(dst.c_str(), &end, 10);
+    if (dst.empty() || *end != '\0' || rank < 0 || rank >= inference)
+      return InvalidArgument(where + ": '" + dst + "' is not an inference rank (0.." + std::to_string(inference - 1) + ")");
+    if (!regions.is_object()) return InvalidArgument(where + ": rank " + dst + ": must be an object of regions");
+    for (const auto& [region, list] : regions.items()) {
+      if (!list.is_array()) return InvalidArgument(where + ": rank " + dst + " region '" + region + "': not a list");
+      for (const nlohmann::json& e : list) {
+        if (!e.is_array() || e.size() != 3 || !e[0].is_number_unsigned() || !e[1].is_number_unsigned() ||
+            !e[2].is_string() || !ParseChecksumText(e[2].get<std::string>()))
+          return InvalidArgument(where + ": rank " + dst + " region '" + region +
+                                 "': entries are [offset, bytes, \"<16 hex digits>\"]");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -41,6 +68,7 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
                       {"trainer_done", trainer_done},
                       {"inference_done", inference_done},
                       {"failures", std::move(failures_json)}};
+  if (!checksum_trainers.empty()) j["checksums_from"] = checksum_trainers;
   if (!trainer_stats.empty()) {
     nlohmann::json stats = nlohmann::json::object();
     for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
@@ -99,10 +127,26 @@ StatusOr<const VersionRecord*> VersionTracker::TrainerDone(uint64_t v, int32_t r
                                                            const std::string& error,
                                                            Clock::time_point now,
                                                            const nlohmann::json& stats) {
+  nlohmann::json kept = stats;
+  nlohmann::json checksums;
+  if (kept.is_object() && kept.contains("checksums")) {
+    checksums = std::move(kept["checksums"]);
+    kept.erase("checksums");
+    WSYNC_RETURN_IF_ERROR(CheckChecksums(checksums, inference_));
+  }
   WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
   if (!ok) return Fail(v, "trainer", rank, error.empty() ? "reported not ok" : error, now);
   r->trainer_done.insert(rank);
-  if (stats.is_object()) r->trainer_stats[rank] = stats;
+  if (kept.is_object()) r->trainer_stats[rank] = std::move(kept);
+  if (checksums.is_object()) {
+    r->checksum_trainers.insert(rank);
+    for (auto& [dst, regions] : checksums.items()) {
+      nlohmann::json& into = r->checksums[std::stoi(dst)];
+      for (auto& [region, list] : regions.items()) {
+        for (auto& entry : list) into[region].push_back(std::move(entry));
+      }
+    }
+  }
   return static_cast<const VersionRecord*>(r);
 }
 

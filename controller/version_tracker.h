@@ -44,6 +44,11 @@ struct VersionRecord {
   // What each trainer rank reported with trainer_done (stage times, bytes,
   // peak temporary memory), passed through as sent.
   std::map<int32_t, nlohmann::json> trainer_stats;
+  // The checksums trainers sent with trainer_done (`stats.checksums`), kept
+  // apart from trainer_stats and merged per inference rank: {"<region>":
+  // [[offset, bytes, "<hash>"], ...]}. `checksum_trainers`: who sent any.
+  std::map<int32_t, nlohmann::json> checksums;
+  std::set<int32_t> checksum_trainers;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
@@ -60,6 +65,7 @@ class VersionTracker {
   StatusOr<const VersionRecord*> Start(uint64_t v, Clock::time_point now);
   // Reports; an unknown version is started implicitly (a report may overtake
   // the start call). Reports on a finished version are recorded only.
+  // InvalidArgument (nothing recorded) for malformed `stats.checksums`.
   StatusOr<const VersionRecord*> TrainerDone(uint64_t v, int32_t rank, bool ok,
                                              const std::string& error, Clock::time_point now,
                                              const nlohmann::json& stats = nullptr);

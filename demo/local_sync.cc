@@ -77,6 +77,10 @@ std::vector<std::string> LocalSync::Wrap(const HostPlacement& host, std::vector<
   return wrapped;
 }
 
+std::string LocalSync::InferenceLog(int32_t rank) const {
+  return options_.work_dir + "/inference-agent-" + std::to_string(rank) + ".log";
+}
+
 std::string LocalSync::TrainerLog(int32_t rank) const {
   return options_.work_dir + "/trainer-agent-" + std::to_string(rank) + ".log";
 }
@@ -186,7 +190,7 @@ Status LocalSync::StartInferenceAgent(int32_t rank, bool attach) {
   argv.insert(argv.end(), options_.extra_inference_args.begin(), options_.extra_inference_args.end());
   WSYNC_ASSIGN_OR_RETURN(inference_agents_[rank],
                          ChildProcess::Spawn("inference-agent " + std::to_string(rank), Wrap(host, argv),
-                                             options_.work_dir + "/inference-agent-" + std::to_string(rank) + ".log"));
+                                             InferenceLog(rank)));
   return Status::Ok();
 }
 

@@ -117,6 +117,7 @@ class LocalSync {
   const RoutingTable& table() const { return table_; }
   const LocalSyncOptions& options() const { return options_; }
   std::string TrainerLog(int32_t rank) const;
+  std::string InferenceLog(int32_t rank) const;
   ChildProcess& trainer_agent(int32_t rank) { return trainer_agents_[rank]; }
   ChildProcess& inference_agent(int32_t rank) { return inference_agents_[rank]; }
   std::string InferenceShmName(int32_t rank) const;

@@ -10,6 +10,7 @@
 //   heartbeat <body>        POST /v1/heartbeat
 //   version <v> <action> <body>   POST /v1/versions/<v>/<action>
 //   get <v>                 GET /v1/versions/<v>
+//   checksums <v> <rank>    GET /v1/versions/<v>/checksums?rank=..
 //   kvset <key> <value> / kvget <key> / kvadd <key> <body>
 //   wait <text>             the wait_ms query parameter's parser alone
 //   status                  GET /v1/status and /metrics
@@ -82,6 +83,10 @@ void Run(Controller& c, std::string_view line) {
     return Check(HandleVersionReport(c, v, action, "/v1/versions/" + v + "/" + action, std::string(line)), whole);
   }
   if (op == "get") return Check(HandleGetVersion(c, rest, now), whole);
+  if (op == "checksums") {
+    const std::string v = Word(line);
+    return Check(HandleGetChecksums(c, v, std::string(line), now), whole);
+  }
   if (op == "kvset") {
     const std::string key = Word(line);
     c.KvSet(key, std::string(line));

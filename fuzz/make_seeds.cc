@@ -163,7 +163,9 @@ void ControllerScripts() {
                   {"heartbeat {\"role\":\"trainer\",\"rank\":0}", "version 1 start {\"rank\":0}",
                    "version 1 start {\"rank\":1}",
                    "version 1 trainer_done {\"rank\":0,\"ok\":true,\"stats\":{\"seconds\":0.5}}",
-                   "version 1 trainer_done {\"rank\":1}", "version 1 inference_done {\"rank\":0,\"ok\":true}",
+                   "version 1 trainer_done {\"rank\":1,\"stats\":{\"checksums\":{\"0\":{\"w\":[[0,64,"
+                   "\"00000000000010ff\"]]}}}}",
+                   "checksums 1 0", "version 1 inference_done {\"rank\":0,\"ok\":true}",
                    "get 1", "version 2 start {\"rank\":0}",
                    "version 2 fail {\"rank\":0,\"role\":\"inference\",\"error\":\"lost a write\"}", "get 2",
                    "status"});

@@ -1,5 +1,6 @@
 #include "inference_agent/agent.h"
 
+#include <algorithm>
 #include <map>
 
 #include <cstdio>
@@ -108,6 +109,7 @@ Status InferenceAgent::SetPlan(const InferenceRankPlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     planned_ = true;
     arrivals_ = static_cast<uint32_t>(arrivals);
+    writes_ = plan.writes;
   }
   Log("inference rank " + std::to_string(rank_.rank) + ": plan: " + std::to_string(plan.writes.size()) +
       " writes, " + std::to_string(plan.bytes) + " bytes, " + std::to_string(arrivals) +
@@ -189,6 +191,11 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
     out.status = Aborted("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
                          ": every write landed after the version had failed (" + *abandoned + "); not marked complete");
     line += ": landed after it failed; not marked complete";
+  } else if (status.ok() && options_.hold) {
+    out.status = Status::Ok();
+    out.held = true;
+    line += ": every write landed, " + std::to_string(out.expected) + " immediates in " + Fixed3(out.seconds) +
+            " s; held until checked";
   } else if (status.ok()) {
     // Every arrival of v was counted, and a write's data is in memory before
     // its arrival is: now, and only now, the engine may see v.
@@ -210,6 +217,71 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
     outcomes_.push_back(out);
   }
   cv_.notify_all();
+}
+
+Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expected) const {
+  const std::string me = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
+  std::vector<IncomingWrite> writes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!planned_) return FailedPrecondition(me + ": no plan to verify against");
+    writes = writes_;
+  }
+  std::map<std::pair<std::string, uint64_t>, const WriteChecksum*> by_place;
+  for (const WriteChecksum& c : expected) {
+    if (!by_place.emplace(std::make_pair(c.region, c.offset), &c).second)
+      return FailedPrecondition(me + ": two checksums for region '" + c.region + "' offset " + std::to_string(c.offset));
+  }
+  std::map<std::string, const WeightMemory::Region*> regions;
+  for (const WeightMemory::Region& r : memory_->regions()) regions[r.id] = &r;
+  constexpr uint64_t kPiece = 16ull << 20;
+  std::vector<uint8_t> piece;
+  for (const IncomingWrite& w : writes) {
+    const std::string what = "tensor '" + w.tensor + "' (region '" + w.region + "' bytes [" + std::to_string(w.offset) +
+                             ", " + std::to_string(w.offset + w.bytes) + "))";
+    auto it = by_place.find({w.region, w.offset});
+    if (it == by_place.end()) return FailedPrecondition(me + ": no checksum from the trainers for " + what);
+    const WriteChecksum& want = *it->second;
+    by_place.erase(it);
+    if (want.bytes != w.bytes)
+      return FailedPrecondition(me + ": " + what + ": the trainers hashed " + std::to_string(want.bytes) + " bytes");
+    const WeightMemory::Region& region = *regions.at(w.region);  // SetPlan checked every write's region
+    Checksum64Stream h;
+    for (uint64_t done = 0; done < w.bytes;) {
+      const uint64_t n = std::min(kPiece, w.bytes - done);
+      if (region.kind == transport::MemoryKind::kHost) {
+        h.Update(region.data + w.offset + done, n);
+      } else {
+        piece.resize(static_cast<size_t>(n));
+        WSYNC_RETURN_IF_ERROR(memory_->Read(region, w.offset + done, n, piece.data()).WithContext(me + ": " + what));
+        h.Update(piece.data(), n);
+      }
+      done += n;
+    }
+    const uint64_t got = h.Final();
+    if (got != want.hash)
+      return DataLoss(me + ": " + what + " differs from what the trainers sent: checksum " + ChecksumText(got) +
+                      " here, " + ChecksumText(want.hash) + " sent");
+  }
+  if (!by_place.empty()) {
+    const WriteChecksum& c = *by_place.begin()->second;
+    return FailedPrecondition(me + ": a checksum for region '" + c.region + "' offset " + std::to_string(c.offset) +
+                              ", which the plan does not write here");
+  }
+  return Status::Ok();
+}
+
+bool InferenceAgent::Commit(uint64_t v) {
+  const bool moved = memory_->MarkComplete(v);
+  Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": complete" +
+      (moved ? "" : " (older than the current complete version, which stays)"));
+  return moved;
+}
+
+void InferenceAgent::Reject(uint64_t v, const Status& why) {
+  memory_->MarkFailed(v);
+  Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": not complete: " +
+      why.ToString());
 }
 
 std::vector<VersionOutcome> InferenceAgent::TakeOutcomes(std::chrono::milliseconds wait) {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/status.h"
 #include "inference_agent/weight_memory.h"
 #include "inference_agent/weight_store.h"
@@ -45,11 +46,18 @@ struct VersionOutcome {
   Status status;          // OK: every write landed, complete_version moved
   uint32_t expected = 0;  // arrivals expected
   double seconds = 0;     // from BeginVersion to the outcome
+  // OK with InferenceAgentOptions::hold: every write landed, but the
+  // version is not complete here until Commit (after Verify).
+  bool held = false;
 };
 
 struct InferenceAgentOptions {
   // One line per event (registration, version complete/failed); may be null.
   std::function<void(const std::string&)> log;
+  // Hold each version whose writes all landed instead of marking it
+  // complete: its outcome says `held`, and complete_version moves only on
+  // Commit (RunInferenceAgent verifies the checksums first).
+  bool hold = false;
 };
 
 class InferenceAgent {
@@ -94,6 +102,18 @@ class InferenceAgent {
   // Returns false (does nothing) unless v is pending and not yet abandoned.
   bool AbandonVersion(uint64_t v, const std::string& why);
 
+  // The integrity check: hashes this rank's memory over every write of the
+  // plan and compares with `expected` (what the trainers hashed of the bytes
+  // they sent, common/checksum.h). DataLoss naming the first tensor whose
+  // bytes differ (in plan order), FailedPrecondition for a planned write
+  // with no checksum or a checksum of no planned write. Only meaningful
+  // while no other version's writes land (before its Commit, or while the
+  // trainers are between versions).
+  Status Verify(uint64_t v, const std::vector<WriteChecksum>& expected) const;
+  // A held version: complete here now (true), or failed (`why` non-OK).
+  bool Commit(uint64_t v);
+  void Reject(uint64_t v, const Status& why);
+
   // Outcomes in the order they happened, waiting up to `wait` for the first.
   std::vector<VersionOutcome> TakeOutcomes(std::chrono::milliseconds wait);
   // Waits up to `wait` for `v`'s outcome (does not take it from the queue).
@@ -115,6 +135,7 @@ class InferenceAgent {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool planned_ = false;                         // guarded by mu_
+  std::vector<IncomingWrite> writes_;            // the plan's; guarded by mu_
   uint32_t arrivals_ = 0;                        // guarded by mu_
   std::map<uint64_t, uint32_t> begun_;           // v -> expected; guarded by mu_
   std::map<uint64_t, VersionOutcome> finished_;  // guarded by mu_ (recent only)

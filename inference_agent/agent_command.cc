@@ -79,6 +79,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
 
   InferenceAgentOptions agent_options;
   agent_options.log = LogLine;
+  agent_options.hold = flags.verify_checksums;
   StatusOr<std::unique_ptr<InferenceAgent>> agent =
       InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), std::move(rank).value(), agent_options);
   if (!agent.ok()) return fail(agent.status());
@@ -87,6 +88,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   run.version_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.version_timeout_s * 1000));
   run.plan_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.plan_timeout_s * 1000));
   run.poll_interval = std::chrono::milliseconds(std::max(1, flags.poll_ms));
+  run.verify_checksums = flags.verify_checksums;
   run.log = LogLine;
   run.on_registered = [] { std::cout << "ready" << std::endl; };
   Status s = RunInferenceAgent(**agent, *client, run, signals.stop);

@@ -33,6 +33,7 @@ struct InferenceAgentFlags {
   double version_timeout_s = 300;
   double plan_timeout_s = 0;     // 0: wait for the world until stopped
   int poll_ms = 100;             // how often the controller is asked for started versions
+  bool verify_checksums = false; // check each version against the trainers' checksums before it is complete
 };
 
 // This rank's entry of the layout file or of the generated specs. One line

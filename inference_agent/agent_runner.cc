@@ -121,14 +121,36 @@ class Runner {
     }
   }
 
+  // A held version: checked (with verify_checksums), then complete here
+  // before the controller hears it is done; or failed, with the reason.
+  Status Settle(const VersionOutcome& out) {
+    if (options_.verify_checksums) {
+      const auto t0 = Clock::now();
+      StatusOr<std::vector<WriteChecksum>> want =
+          client_.FetchChecksums(out.version, agent_.rank().rank, Clock::now() + options_.version_timeout);
+      Status s = want.ok() ? agent_.Verify(out.version, *want)
+                           : want.status().WithContext(where_ + ": version " + std::to_string(out.version) +
+                                                       ": fetching the trainers' checksums");
+      if (!s.ok()) {
+        agent_.Reject(out.version, s);
+        return s;
+      }
+      Log("version " + std::to_string(out.version) + ": " + std::to_string(want->size()) +
+          " checksums verified in " + std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s");
+    }
+    agent_.Commit(out.version);
+    return Status::Ok();
+  }
+
   // The client itself retries a refused connection (controller restarting).
   void Report(const VersionOutcome& out) {
-    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(out.version, agent_.rank().rank, out.status);
+    const Status result = out.held ? Settle(out) : out.status;
+    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(out.version, agent_.rank().rank, result);
     if (!reply.ok()) {
       Log("reporting version " + std::to_string(out.version) + " failed: " + reply.status().message());
       return;
     }
-    Log("reported version " + std::to_string(out.version) + " " + (out.status.ok() ? "done" : "failed") +
+    Log("reported version " + std::to_string(out.version) + " " + (result.ok() ? "done" : "failed") +
         "; controller says " + reply->state);
   }
 

@@ -31,6 +31,12 @@ struct AgentRunnerOptions {
   // after a failed poll, the poll interval against a controller without the
   // long poll, and how long the reporter waits between looks at `stop`.
   std::chrono::milliseconds poll_interval{100};
+  // A version whose writes all landed on a holding agent
+  // (InferenceAgentOptions::hold) is checked against the trainers'
+  // checksums (GET /v1/versions/<v>/checksums, once every trainer reported)
+  // before it is marked complete and reported done; a mismatch fails it,
+  // naming the tensor. Without this a held version is committed unchecked.
+  bool verify_checksums = false;
   std::function<void(const std::string&)> log;
   // Called once registration succeeded (the CLI prints "ready").
   std::function<void()> on_registered;

@@ -1,8 +1,20 @@
 #include "inference_agent/weight_memory.h"
 
+#include <cstring>
 #include <utility>
 
 namespace wsync::inference {
+
+Status WeightMemory::Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const {
+  if (offset > r.size || bytes > r.size - offset)
+    return OutOfRange(name() + ": region '" + r.id + "': bytes [" + std::to_string(offset) + ", " +
+                      std::to_string(offset + bytes) + ") are outside its " + std::to_string(r.size));
+  if (r.kind != transport::MemoryKind::kHost)
+    return Unimplemented(name() + ": region '" + r.id + "' is device memory, which this owner cannot read back");
+  std::memcpy(out, r.data + offset, bytes);
+  return Status::Ok();
+}
+
 namespace {
 
 class ShmWeightMemory : public WeightMemory {

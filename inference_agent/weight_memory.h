@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "inference_agent/weight_store.h"
 #include "transport/engine.h"
 
@@ -41,6 +42,10 @@ class WeightMemory {
   // False (and nothing moves) for a v older than the current complete one.
   virtual bool MarkComplete(uint64_t v) = 0;
   virtual void MarkFailed(uint64_t v) = 0;
+  // Copies `bytes` at `offset` of region `r` (one of regions()) to the host,
+  // for checksums. Host regions are read in place; an owner of device
+  // memory overrides this (Unimplemented otherwise).
+  virtual Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const;
 };
 
 // The sidecar's WeightMemory: `store`'s regions (host memory) and the

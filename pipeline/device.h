@@ -55,6 +55,9 @@ class DeviceOps {
   // last Synchronize, in issue order: whether it met a NaN or an infinity
   // (its codes must not be sent).
   virtual Status Synchronize(std::vector<bool>* nonfinite) = 0;
+  // Copies `bytes` of device memory to the host and returns once they are
+  // there; called only after Synchronize (for checksums of written bytes).
+  virtual Status ReadBack(void* host, const void* src, uint64_t bytes) = 0;
 };
 
 }  // namespace wsync

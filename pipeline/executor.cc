@@ -132,6 +132,18 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
         return;
       }
     }
+    if (imm.has_value() && options.checksums) {
+      const auto tc = Clock::now();
+      t.quantize_pack += std::chrono::duration<double>(tc - *t0).count();
+      StatusOr<uint64_t> h = ChecksumArena(sw.chunk + ww.staging_at, w.bytes);
+      if (!h.ok()) {
+        RecordError(h.status().WithContext(WriteWhere(sw, w) + ": checksum"));
+        return;
+      }
+      report->checksums.push_back(WriteChecksum{w.dst_rank, w.region, w.region_offset, w.bytes, *h});
+      *t0 = Clock::now();
+      t.checksum += std::chrono::duration<double>(*t0 - tc).count();
+    }
     const auto tp = Clock::now();
     t.quantize_pack += std::chrono::duration<double>(tp - *t0).count();
     transport::SingleWrite req;
@@ -162,6 +174,21 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
     report->written_bytes += w.bytes;
     ++report->writes;
   }
+}
+
+StatusOr<uint64_t> PlanExecutor::Impl::ChecksumArena(uint64_t at, uint64_t bytes) {
+  const uint8_t* p = arena->data() + at;
+  if (options.device == nullptr) return Checksum64(p, bytes);
+  constexpr uint64_t kPiece = 16ull << 20;
+  readback.resize(static_cast<size_t>(std::min(bytes, kPiece)));
+  Checksum64Stream h;
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(kPiece, bytes - done);
+    WSYNC_RETURN_IF_ERROR(options.device->ReadBack(readback.data(), p + done, n));
+    h.Update(readback.data(), n);
+    done += n;
+  }
+  return h.Final();
 }
 
 void PlanExecutor::Impl::ReadsDoneAfter(const SourceWork& sw) {
@@ -515,7 +542,12 @@ std::string VersionReport::Summary() const {
                 seconds.wait_writes, seconds.barrier, seconds.rendezvous,
                 reads_done_after, static_cast<double>(peak_temp_bytes) / (1 << 20),
                 static_cast<double>(watermark_bytes) / (1 << 20));
-  return buf;
+  std::string line = buf;
+  if (!checksums.empty()) {
+    std::snprintf(buf, sizeof buf, "; %zu checksums in %.3f s", checksums.size(), seconds.checksum);
+    line += buf;
+  }
+  return line;
 }
 
 }  // namespace wsync

@@ -53,6 +53,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/status.h"
 #include "pipeline/device.h"
 #include "pipeline/group.h"
@@ -77,6 +78,11 @@ struct ExecutorOptions {
   // (pipeline/device.h); nullptr: host memory and the CPU stages. Must
   // outlive the executor; the engine must have been made for its memory.
   DeviceOps* device = nullptr;
+  // Hash every write's bytes as posted (common/checksum.h), for the
+  // inference ranks' integrity check: VersionReport::checksums. Costs a
+  // pass over the written bytes on the host (read back first from a
+  // device), so it is off unless asked for.
+  bool checksums = false;
 };
 
 // Seconds spent per stage in one Run.
@@ -89,6 +95,7 @@ struct StageSeconds {
   double wait_writes = 0;     // waiting for the last writes after posting all
   double barrier = 0;         // MeshGroup barriers and version checks
   double rendezvous = 0;      // building Gloo groups (first version, after a failure)
+  double checksum = 0;        // hashing the written bytes (ExecutorOptions::checksums)
   double total = 0;
 };
 
@@ -104,6 +111,8 @@ struct VersionReport {
   uint64_t watermark_waits = 0;  // sources that had to wait for memory
   uint64_t peak_temp_bytes = 0;  // never above watermark_bytes
   uint64_t watermark_bytes = 0;
+  // With ExecutorOptions::checksums: one per write posted, in posting order.
+  std::vector<WriteChecksum> checksums;
 
   // One line: "version 7: 1.23 s, 512.0 MiB written (0.43 GB/s), copy ..."
   std::string Summary() const;

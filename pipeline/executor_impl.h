@@ -192,6 +192,10 @@ struct PlanExecutor::Impl {
     return Status::Ok();
   }
   Status WaitWrites(Clock::time_point deadline);
+  // ExecutorOptions::checksums: the hash of the `bytes` at `at` in the arena
+  // (final: packed, or settled on the device), read back in pieces on a device.
+  StatusOr<uint64_t> ChecksumArena(uint64_t at, uint64_t bytes);
+  std::vector<uint8_t> readback;  // a device's bytes on the host, a piece at a time
 };
 
 }  // namespace wsync

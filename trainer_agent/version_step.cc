@@ -97,6 +97,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
             {"wait_writes", s.wait_writes},
             {"barrier", s.barrier},
             {"rendezvous", s.rendezvous},
+            {"checksum", s.checksum},
             {"total", s.total}}},
           {"reads_done_after", r.reads_done_after},
           {"copied_bytes", r.copied_bytes},
@@ -109,6 +110,14 @@ nlohmann::json VersionStats(const VersionReport& r) {
           {"watermark_bytes", r.watermark_bytes}};
 }
 
+nlohmann::json ChecksumsJson(const std::vector<WriteChecksum>& checksums) {
+  nlohmann::json by_rank = nlohmann::json::object();
+  for (const WriteChecksum& c : checksums) {
+    by_rank[std::to_string(c.dst_rank)][c.region].push_back({c.offset, c.bytes, ChecksumText(c.hash)});
+  }
+  return by_rank;
+}
+
 StatusOr<VersionReport> RunAndReport(PlanExecutor& executor, controller::ControllerClient& client, int32_t rank,
                                      uint64_t v, ShardSource& shards,
                                      const std::function<void(const std::string&)>& log) {
@@ -118,8 +127,13 @@ StatusOr<VersionReport> RunAndReport(PlanExecutor& executor, controller::Control
   } else {
     Log(log, "version " + std::to_string(v) + " failed: " + result.status().message());
   }
-  StatusOr<controller::VersionStatus> reported = client.ReportTrainerDone(
-      v, rank, result.ok() ? Status::Ok() : result.status(), result.ok() ? VersionStats(*result) : nullptr);
+  nlohmann::json stats = nullptr;
+  if (result.ok()) {
+    stats = VersionStats(*result);
+    if (!result->checksums.empty()) stats["checksums"] = ChecksumsJson(result->checksums);
+  }
+  StatusOr<controller::VersionStatus> reported =
+      client.ReportTrainerDone(v, rank, result.ok() ? Status::Ok() : result.status(), stats);
   if (!reported.ok()) {
     Log(log, "warning: could not report version " + std::to_string(v) + " to the controller: " +
                  reported.status().message());

@@ -68,6 +68,10 @@ Status RebuildExecutor(controller::TrainerPlanSlice slice, GroupFactory* groups,
 
 // The executor's report as the controller keeps it (`stats` of trainer_done).
 nlohmann::json VersionStats(const VersionReport& report);
+// Its checksums as trainer_done sends them (`stats.checksums`, which the
+// controller keeps apart): {"<inference rank>": {"<region>": [[offset,
+// bytes, "<16 hex>"], ...]}} (docs/CONTROL_PLANE.md).
+nlohmann::json ChecksumsJson(const std::vector<WriteChecksum>& checksums);
 
 // Runs `v` on `executor` over `shards` and reports the outcome to the
 // controller (a failed report is logged, not returned: the version's own

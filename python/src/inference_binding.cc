@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+
+#include <ATen/ATen.h>
 
 #include "inference_agent/agent_runner.h"
 #include "routing/spec_io.h"
@@ -24,6 +27,22 @@ bool InProcessWeights::MarkComplete(uint64_t v) {
   complete_.store(v, std::memory_order_release);
   cv_.notify_all();
   return true;
+}
+
+Status InProcessWeights::Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const {
+  if (r.kind == transport::MemoryKind::kHost) return WeightMemory::Read(r, offset, bytes, out);
+  if (offset > r.size || bytes > r.size - offset) return WeightMemory::Read(r, offset, bytes, out);  // its error
+  try {
+    const auto device = at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::CUDA,
+                                                                    static_cast<c10::DeviceIndex>(r.device));
+    at::from_blob(out, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))
+        .copy_(at::from_blob(r.data + offset, {static_cast<int64_t>(bytes)}, device));
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    m.resize(std::min(m.size(), m.find('\n')));
+    return Internal(name() + ": reading region '" + r.id + "' back from cuda:" + std::to_string(r.device) + ": " + m);
+  }
+  return Status::Ok();
 }
 
 void InProcessWeights::MarkFailed(uint64_t v) {
@@ -82,11 +101,13 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   s->weights_ = weights.get();
   inference::InferenceAgentOptions agent_options;
   agent_options.log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
+  agent_options.hold = s->config_.verify_checksums;
   WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine).value(), std::move(weights),
                                                                       std::move(layout), agent_options));
 
   inference::AgentRunnerOptions run;
   run.version_timeout = s->config_.timeout;
+  run.verify_checksums = s->config_.verify_checksums;
   run.log = agent_options.log;
   run.on_registered = [raw = s.get()] {
     std::lock_guard<std::mutex> lock(raw->mu_);
@@ -144,6 +165,14 @@ Status InferenceSession::WaitVersion(uint64_t v, std::chrono::milliseconds timeo
   }
   return Aborted(me + " failed" + (why.empty() ? std::string() : ": " + why) +
                  "; the weights are a mix of versions until the next complete one");
+}
+
+Status InferenceSession::Verify(uint64_t v, std::chrono::milliseconds timeout) {
+  if (v == 0) v = weights_->complete_version();
+  if (v == 0) return FailedPrecondition("inference rank " + std::to_string(agent_->rank().rank) + ": no complete version to verify");
+  StatusOr<std::vector<WriteChecksum>> want = client_.FetchChecksums(v, agent_->rank().rank, Clock::now() + timeout);
+  if (!want.ok()) return want.status();
+  return agent_->Verify(v, *want);
 }
 
 void InferenceSession::Close() {

@@ -37,6 +37,9 @@ struct InferenceConfig {
   uint32_t nics = 1;
   std::string node;
   std::chrono::milliseconds timeout{300000};  // registration; each version
+  // Hold each landed version until checked against the trainers' checksums
+  // (AgentRunnerOptions::verify_checksums).
+  bool verify_checksums = false;
 };
 
 // Version words in this process, waited on by wait_version().
@@ -49,6 +52,8 @@ class InProcessWeights : public inference::WeightMemory {
   uint64_t failed_version() const override { return failed_.load(std::memory_order_acquire); }
   bool MarkComplete(uint64_t v) override;
   void MarkFailed(uint64_t v) override;
+  // CUDA tensors are read back through ATen on their device.
+  Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const override;
   // Until complete_version() or failed_version() reaches v, Stop(), or
   // timeout.
   void WaitFor(uint64_t v, std::chrono::milliseconds timeout);
@@ -78,6 +83,10 @@ class InferenceSession {
   Status WaitVersion(uint64_t v, std::chrono::milliseconds timeout);
   uint64_t complete_version() const { return weights_->complete_version(); }
   uint64_t failed_version() const { return weights_->failed_version(); }
+  // On request: this rank's tensors against the trainers' checksums of
+  // version v (default: the complete one), waiting up to `timeout` for the
+  // trainers' reports. DataLoss naming the first differing tensor.
+  Status Verify(uint64_t v, std::chrono::milliseconds timeout);
   // Why the agent's loop ended, if it did (OK while it runs).
   Status loop_status();
   void Close();

@@ -156,6 +156,7 @@ PYBIND11_MODULE(_C, m) {
              config.nics = c.value("nics", 1u);
              config.node = c.value("node", std::string());
              config.watermark_bytes = c.value("watermark_bytes", config.watermark_bytes);
+             config.checksums = c.value("checksums", false);
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.cuda_device = c.value("cuda_device", -1);
              std::vector<TorchProcessGroup> groups;
@@ -215,6 +216,7 @@ PYBIND11_MODULE(_C, m) {
              config.nics = c.value("nics", 1u);
              config.node = c.value("node", std::string());
              config.timeout = Ms(c.value("timeout_s", 300.0));
+             config.verify_checksums = c.value("verify_checksums", false);
              std::vector<inference::WeightMemory::Region> rs;
              for (const auto& [id, ptr, size, cuda, device] : regions) {
                rs.push_back({id, reinterpret_cast<uint8_t*>(ptr), size,
@@ -232,6 +234,16 @@ PYBIND11_MODULE(_C, m) {
              {
                py::gil_scoped_release nogil;
                st = s.WaitVersion(v, Ms(timeout_s));
+             }
+             Check(st);
+           },
+           py::arg("version"), py::arg("timeout_s"))
+      .def("verify",
+           [](InferenceSession& s, uint64_t v, double timeout_s) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = s.Verify(v, Ms(timeout_s));
              }
              Check(st);
            },

@@ -275,6 +275,14 @@ class TorchCudaDevice : public DeviceOps {
     return r;
   }
 
+  Status ReadBack(void* host, const void* src, uint64_t bytes) override {
+    return Run("read back", [&] {
+      at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))
+          .copy_(Bytes(const_cast<void*>(src), bytes));  // blocking: the bytes are on the host on return
+      return nullptr;
+    }).status();
+  }
+
  private:
   at::TensorOptions Options(at::ScalarType t) const { return at::TensorOptions().dtype(t).device(device_); }
   at::Tensor Bytes(void* p, uint64_t n) const { return at::from_blob(p, {static_cast<int64_t>(n)}, Options(at::kByte)); }

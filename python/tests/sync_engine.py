@@ -44,6 +44,11 @@ def main():
     ap.add_argument("--cast", default="", help="hold this tensor as block fp8 with its scales (a bad-input case)")
     ap.add_argument("--extra", default="", help="also hold a tensor of this name the trainer lacks (a bad-input case)")
     ap.add_argument("--reshape", default="", help="hold this tensor one row longer (a bad-input case)")
+    ap.add_argument("--verify-checksums", action="store_true",
+                    help="every version checked against the trainers' checksums before it is complete, "
+                         "and verify() asked again after each")
+    ap.add_argument("--tamper", default="",
+                    help="after the last version, flip one bit of this tensor and save what verify() says")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -76,11 +81,26 @@ def main():
         t = tensors[args.reshape]
         tensors[args.reshape] = torch.zeros([t.shape[0] + 1] + list(t.shape[1:]), dtype=t.dtype)
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
-                              instance=instance, layout=layout, timeout_s=args.timeout) as agent:
+                              instance=instance, layout=layout, timeout_s=args.timeout,
+                              verify_checksums=args.verify_checksums) as agent:
         print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)
         for v in range(1, args.versions + 1):
             t0 = time.perf_counter()
             agent.wait_version(v, args.timeout)
+            if args.verify_checksums:
+                agent.verify(v)  # on request too, before the trainers may push the next version
+            if args.tamper and v == args.versions:
+                bits = tensors[args.tamper].view(-1).view(torch.uint8)
+                bits[bits.numel() // 2] ^= 0x10
+                try:
+                    agent.verify()
+                    said = "verify() passed"
+                except wsync.ChecksumError as e:
+                    said = str(e)
+                bits[bits.numel() // 2] ^= 0x10
+                agent.verify()
+                with open(os.path.join(args.out, f"engine-{args.rank}-tamper.txt"), "w") as f:
+                    f.write(said)
             got = {n: t.clone() for n, t in tensors.items()}
             tokens = fsdp_setup.greedy_tokens(model) if args.layout == "identity" else None
             torch.save({"tensors": got, "tokens": tokens, "complete_version": agent.complete_version,

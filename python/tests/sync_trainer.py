@@ -63,6 +63,7 @@ def main():
                     help="experts FSDP-sharded on the EP dim: FSDP2's _StridedShard placements")
     ap.add_argument("--no-tokens", action="store_true", help="skip the static fire (bad-input cases)")
     ap.add_argument("--double-push", action="store_true", help="push twice without waiting (a bad-input case)")
+    ap.add_argument("--checksums", action="store_true", help="TrainerAgent(checksums=True)")
     ap.add_argument("--replay", action="store_true",
                     help="after every version but the last, replay_writes() (the next version restores the bytes)")
     args = ap.parse_args()
@@ -75,7 +76,8 @@ def main():
 
     if args.route == "inprocess":
         sync = wsync.TrainerAgent(model, controller=args.controller, job=args.job,
-                                  watermark_bytes=args.watermark_mb << 20, timeout_s=args.timeout)
+                                  watermark_bytes=args.watermark_mb << 20, timeout_s=args.timeout,
+                                  checksums=args.checksums)
         if rank == 0:
             with open(os.path.join(args.out, "registration.json"), "w") as f:
                 json.dump(sync.registration, f)

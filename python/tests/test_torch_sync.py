@@ -191,6 +191,30 @@ def test_fsdp2_trainers_push_into_transformers_models_bit_for_bit(job, model):
     print_figures(j, f"{model}-inprocess")
 
 
+def test_checksums_are_verified_before_complete_and_name_a_changed_tensor(job):
+    """Trainers hash every write (checksums=True); each engine holds a landed
+    version until its bytes match (verify_checksums=True) and asks verify()
+    again after it. One bit flipped in an engine's tensor afterwards: verify()
+    names that tensor; put back, it passes."""
+    j = job()
+    tampered = "model.layers.1.mlp.down_proj.weight"
+    run_clean(j, ["--model", "llama", "--no-tokens", "--checksums"],
+              ["--model", "llama", "--layout", "identity", "--verify-checksums", "--tamper", tampered])
+    for v in range(1, STEPS + 1):
+        t = load(j, f"trainer-v{v}.pt")
+        assert all(r["stages"]["checksum"] > 0 for r in t["reports"] if r.get("writes")), t["reports"]
+        for r in range(ENGINES):
+            got = load(j, f"engine-{r}-v{v}.pt")["tensors"]
+            for name, want in t["state"].items():
+                assert torch.equal(got[name], want), f"engine {r} version {v}: tensor '{name}' differs"
+            assert f"version {v}: " in j.log(f"engine{r}") and " checksums verified in " in j.log(f"engine{r}")
+    for r in range(ENGINES):
+        with open(os.path.join(j.out, f"engine-{r}-tamper.txt")) as f:
+            said = f.read()
+        assert f"inference rank {r}: version {STEPS}: tensor '{tampered}'" in said, said
+        assert "differs from what the trainers sent" in said, said
+
+
 def test_strided_shards_of_fsdp2_under_ep_land_bit_for_bit(job):
     """FSDP2 sharding the experts on the dim EP already shards writes
     (_StridedShard(0, sf=2), Shard(0)): rank (fsdp f, ep e) holds a piece

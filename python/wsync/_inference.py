@@ -15,6 +15,10 @@ class VersionError(RuntimeError):
     """A version that will not complete here: the text says who failed it."""
 
 
+class ChecksumError(RuntimeError):
+    """Tensors that are not what the trainers sent: the text names the first."""
+
+
 class InferenceAgent(SessionOwner):
     """Registers `tensors` (name -> tensor, e.g. dict(model.state_dict()))
     with the transport in place: trainers write straight into their storage,
@@ -29,7 +33,7 @@ class InferenceAgent(SessionOwner):
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None):
+                 tls_ca_file=None, verify_checksums=False):
         self.rank = rank
         self.job = job
         layout = layout or {}
@@ -73,13 +77,25 @@ class InferenceAgent(SessionOwner):
                       "tensors": entries}
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
-                  "timeout_s": float(timeout_s)}
+                  "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums)}
         self._session = _C.InferenceSession(json.dumps(config), regions)
 
     @property
     def complete_version(self):
         """The latest version whose every write has landed here (0: none)."""
         return self._session.complete_version
+
+    def verify(self, version=None, timeout=60.0):
+        """Checks these tensors against the checksums the trainers sent for
+        `version` (default: the complete one; trainers run with
+        TrainerAgent(checksums=True)). Raises ChecksumError naming the first
+        tensor whose bytes differ from what was sent. With
+        verify_checksums=True every version is checked like this before it
+        becomes complete here; call it on request while no update runs."""
+        try:
+            self._session.verify(int(version or 0), float(timeout))
+        except RuntimeError as e:
+            raise ChecksumError(str(e)) from None
 
     def wait_version(self, version, timeout=None):
         """Returns once `version` is complete here; raises VersionError if it

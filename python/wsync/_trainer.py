@@ -72,7 +72,7 @@ class TrainerAgent(SessionOwner):
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
                  nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
-                 tls_ca_file=None):
+                 tls_ca_file=None, checksums=False):
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
@@ -90,7 +90,7 @@ class TrainerAgent(SessionOwner):
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
                   "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "", "nics": nics, "node": node,
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
-                  "cuda_device": self._cuda_device}
+                  "cuda_device": self._cuda_device, "checksums": bool(checksums)}
         self._session = _C.TrainerSession(json.dumps(config), groups)
         self._groups = groups  # the process groups outlive the session
         self._last = None

@@ -3,6 +3,7 @@
 #include <future>
 #include <thread>
 
+#include "common/checksum.h"
 #include "controller/version_tracker.h"
 #include "controller_fixture.h"
 
@@ -255,6 +256,67 @@ TEST_F(ControllerTest, StatusLongPollAnswersWithAVersionThatStartsMeanwhile) {
   StatusOr<json> failed = client_->GetStatus(started, std::chrono::milliseconds(20000));
   ASSERT_TRUE(failed.ok());
   EXPECT_EQ((*failed)["versions"][0]["state"], "failed");
+}
+
+// Integrity checksums (issue #10): what the trainers hashed of each write
+// travels with their trainer_done and is served per inference rank, merged
+// over every trainer, once all of them reported; not before, not for a
+// failed version, not when a trainer sent none.
+TEST_F(ControllerTest, ChecksumsAreServedPerInferenceRankOnceEveryTrainerReported) {
+  StartServer();
+  RegisterAll();
+  const int trainers = world_.trainers();
+  ASSERT_GE(trainers, 2);
+  auto sums = [](int t) {
+    const std::string h = ChecksumText(0x1000u + static_cast<uint64_t>(t));
+    return json{{"checksums", {{"0", {{"w", {{t * 64, 64, h}}}}}, {"1", {{"w", {{t * 64, 64, h}}}}}}}};
+  };
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  ASSERT_TRUE(client_->ReportTrainerDone(1, 0, Status::Ok(), sums(0)).ok());
+  StatusOr<std::vector<WriteChecksum>> early = client_->FetchChecksums(1, 0, In(0.2));
+  ASSERT_EQ(early.status().code(), StatusCode::kDeadlineExceeded) << early.status().ToString();
+  EXPECT_NE(early.status().message().find("trainer ranks [1"), std::string::npos) << early.status().message();
+
+  for (int t = 1; t < trainers; ++t) ASSERT_TRUE(client_->ReportTrainerDone(1, t, Status::Ok(), sums(t)).ok());
+  StatusOr<std::vector<WriteChecksum>> got = client_->FetchChecksums(1, 1, In(5));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), static_cast<size_t>(trainers));
+  for (int t = 0; t < trainers; ++t) {
+    const WriteChecksum& c = (*got)[static_cast<size_t>(t)];
+    EXPECT_EQ(c.dst_rank, 1);
+    EXPECT_EQ(c.region, "w");
+    EXPECT_EQ(c.offset, static_cast<uint64_t>(t) * 64);
+    EXPECT_EQ(c.bytes, 64u);
+    EXPECT_EQ(c.hash, 0x1000u + static_cast<uint64_t>(t));
+  }
+  // The version object says who sent checksums but does not carry them.
+  StatusOr<json> v1 = controller_->GetVersion(1, std::chrono::milliseconds(0));
+  ASSERT_TRUE(v1.ok());
+  EXPECT_EQ((*v1)["checksums_from"].size(), static_cast<size_t>(trainers)) << v1->dump();
+  EXPECT_FALSE((*v1)["trainer_stats"]["0"].contains("checksums")) << v1->dump();
+
+  // A trainer without checksums: named.
+  for (int i = 0; i < world_.inference_ranks(); ++i) ASSERT_TRUE(client_->ReportInferenceDone(1, i, Status::Ok()).ok());
+  ASSERT_TRUE(client_->StartVersion(2, 0).ok());
+  for (int t = 0; t < trainers; ++t)
+    ASSERT_TRUE(client_->ReportTrainerDone(2, t, Status::Ok(), t == 1 ? json{{"writes", 1}} : sums(t)).ok());
+  StatusOr<std::vector<WriteChecksum>> none = client_->FetchChecksums(2, 0, In(5));
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("trainer ranks [1] sent none"), std::string::npos) << none.status().message();
+
+  // Malformed checksums are refused with the report; a failed version has none.
+  for (int i = 0; i < world_.inference_ranks(); ++i) ASSERT_TRUE(client_->ReportInferenceDone(2, i, Status::Ok()).ok());
+  ASSERT_TRUE(client_->StartVersion(3, 0).ok());
+  StatusOr<VersionStatus> bad =
+      client_->ReportTrainerDone(3, 0, Status::Ok(), json{{"checksums", {{"9", {{"w", {{0, 64, "x"}}}}}}}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'9' is not an inference rank"), std::string::npos) << bad.status().message();
+  ASSERT_TRUE(client_->ReportFailure(3, Role::kTrainer, 1, "diverged").ok());
+  StatusOr<std::vector<WriteChecksum>> failed = client_->FetchChecksums(3, 0, In(5));
+  EXPECT_EQ(failed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(failed.status().message().find("the version failed: trainer rank 1: diverged"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(client_->FetchChecksums(1, 7, In(1)).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/checksum.h"
 #include "inference_agent/descriptor_text.h"
 #include "inference_agent/engine_view.h"
 #include "tests/inference_agent/child_process.h"
@@ -108,6 +109,7 @@ class InferenceAgentTest : public ::testing::TestWithParam<Transport> {
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     InferenceAgentOptions agent_options;
     agent_options.log = [](const std::string& line) { fprintf(stderr, "agent: %s\n", line.c_str()); };
+    agent_options.hold = hold_;
     auto agent = InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), TestRank(),
                                         agent_options);
     ASSERT_TRUE(agent.ok()) << agent.status().ToString();
@@ -162,6 +164,7 @@ class InferenceAgentTest : public ::testing::TestWithParam<Transport> {
     return "complete " + std::to_string(complete) + " failed " + std::to_string(failed);
   }
 
+  bool hold_ = false;  // InferenceAgentOptions::hold
   transport::fabric::LibfabricOptions options_;
   std::string shm_name_;
   std::unique_ptr<ChildProcess> writer_;
@@ -262,6 +265,80 @@ TEST_P(InferenceAgentTest, ShutdownWithAVersionPendingMarksItFailedNotComplete) 
   EXPECT_EQ(view->complete_version(), kNoVersion);
   EXPECT_EQ(view->failed_version(), 7u);
 }
+
+// An agent that holds landed versions until they are checked
+// (InferenceAgentOptions::hold, what --verify-checksums runs).
+class HoldingAgentTest : public InferenceAgentTest {
+ protected:
+  void SetUp() override {
+    hold_ = true;
+    InferenceAgentTest::SetUp();
+  }
+
+  // What a trainer would have hashed: writes [first, last) of version v's
+  // pattern, from PatternByte (the writer's bytes), not from the agent's memory.
+  static std::vector<WriteChecksum> Sent(uint64_t v, size_t first, size_t last) {
+    std::vector<WriteChecksum> out;
+    for (size_t i = first; i < last; ++i) {
+      std::vector<uint8_t> bytes(kWrites[i].bytes);
+      for (uint64_t b = 0; b < bytes.size(); ++b) bytes[b] = testing::PatternByte(kSeed, v, kWrites[i].offset + b);
+      out.push_back({0, "weights", kWrites[i].offset, kWrites[i].bytes, Checksum64(bytes.data(), bytes.size())});
+    }
+    return out;
+  }
+};
+
+// Every write lands, but the version is not complete until it is checked:
+// the engine sees nothing; bytes that differ from what was sent fail it,
+// naming the tensor, and it never becomes complete; the next version,
+// checked clean, does.
+TEST_P(HoldingAgentTest, ALandedVersionIsCompleteOnlyOnceItsChecksumsMatch) {
+  ASSERT_TRUE(agent_->BeginVersion(1, Clock::now() + seconds(30)).ok());
+  ASSERT_EQ(WriteVersion(1, 0, kWrites.size()), "done");
+  StatusOr<VersionOutcome> out = agent_->WaitVersion(1, seconds(10));
+  ASSERT_TRUE(out.ok() && out->status.ok()) << (out.ok() ? out->status.ToString() : out.status().ToString());
+  EXPECT_TRUE(out->held);
+  EXPECT_EQ(Peek(), Words(kNoVersion, kNoVersion)) << "complete before it was checked";
+
+  // A stray write (or a corrupted transfer) changed one byte of the fp8 tensor.
+  std::vector<WriteChecksum> sent = Sent(1, 0, kWrites.size());
+  ASSERT_TRUE(agent_->Verify(1, sent).ok());
+  StatusOr<EngineView> view = EngineView::Open(shm_name_, /*writable=*/true);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const EngineTensor* qkv = view->Find("model.layers.0.self_attn.qkv_proj.weight");
+  ASSERT_NE(qkv, nullptr);
+  const_cast<uint8_t*>(qkv->data)[20000] ^= 0x40;
+  Status s = agent_->Verify(1, sent);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("tensor 'tensor at 344064'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("bytes [344064, 360448)"), std::string::npos) << s.message();
+  agent_->Reject(1, s);
+  EXPECT_EQ(Peek(), Words(kNoVersion, 1));
+  const_cast<uint8_t*>(qkv->data)[20000] ^= 0x40;
+
+  // A checksum missing, or one for bytes the plan does not write here.
+  std::vector<WriteChecksum> fewer(sent.begin(), sent.end() - 1);
+  s = agent_->Verify(1, fewer);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no checksum from the trainers for tensor 'tensor at 380928'"), std::string::npos)
+      << s.message();
+  std::vector<WriteChecksum> more = sent;
+  more.push_back({0, "weights", 384000, 8, 0});
+  s = agent_->Verify(1, more);
+  EXPECT_NE(s.message().find("which the plan does not write here"), std::string::npos) << s.message();
+
+  ASSERT_TRUE(agent_->BeginVersion(2, Clock::now() + seconds(30)).ok());
+  ASSERT_EQ(WriteVersion(2, 0, kWrites.size()), "done");
+  out = agent_->WaitVersion(2, seconds(10));
+  ASSERT_TRUE(out.ok() && out->held) << (out.ok() ? out->status.ToString() : out.status().ToString());
+  s = agent_->Verify(2, Sent(2, 0, kWrites.size()));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(agent_->Commit(2));
+  EXPECT_EQ(EngineReads(2), "ok");
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, HoldingAgentTest, ::testing::Values(Transport{"shm", 2}),
+                         [](const ::testing::TestParamInfo<Transport>&) { return std::string("shm_2nic"); });
 
 INSTANTIATE_TEST_SUITE_P(Providers, InferenceAgentTest,
                          ::testing::Values(Transport{"shm", 1}, Transport{"shm", 2}, Transport{"tcp;ofi_rxm", 2}),

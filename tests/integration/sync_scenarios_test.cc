@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -116,6 +117,31 @@ TEST(SyncScenarios, VerificationCatchesASingleWrongByte) {
     t->data[spot.byte] ^= 0x01;
     Status good = s->Verify(1, nullptr);
     EXPECT_TRUE(good.ok()) << good.ToString();
+  }
+}
+
+// The integrity check end to end: trainers hash every write they post
+// (--checksums), and each inference agent compares what landed with that
+// before the version is complete there (--verify-checksums). Versions still
+// complete, bit for bit, and each rank says it checked them.
+TEST(SyncScenarios, InferenceAgentsVerifyTheTrainersChecksumsBeforeAVersionIsComplete) {
+  LocalSyncOptions o = Options("checksums");
+  o.extra_trainer_args = {"--checksums"};
+  o.extra_inference_args = {"--verify-checksums"};
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  for (uint64_t v = 1; v <= 2; ++v) ExpectCompleteAndVerified(*s, v);
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::ifstream in(s->InferenceLog(rank));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (uint64_t v = 1; v <= 2; ++v) {
+      const std::string version = "version " + std::to_string(v) + ": ";
+      const size_t held = log.find(version + "every write landed");
+      EXPECT_NE(held, std::string::npos) << log;
+      EXPECT_NE(log.find("; held until checked", held), std::string::npos) << log;
+      EXPECT_TRUE(std::regex_search(log, std::regex(version + "[1-9][0-9]* checksums verified in ")))
+          << "rank " << rank << " did not check version " << v << ":\n" << log;
+    }
   }
 }
 
