@@ -435,6 +435,35 @@ TEST_P(ExecutorTest, DeviceStagesThatRunLateStillLandBitForBit) {
   for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->synchronizes, 0) << "rank " << r;
 }
 
+// Checksums (ExecutorOptions::checksums): one per write posted, of the
+// bytes the receiver then holds at that place. On the deferred device they
+// must be taken after the device ran the stages, not of stale staging.
+TEST_P(ExecutorTest, ChecksumsAreOfTheBytesThatLand) {
+  for (bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device" : "host");
+    Setup setup = Options(64 << 20);
+    setup.executor.checksums = true;
+    for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE((on_device ? CreateDeviceExecutor(r, setup) : CreateExecutor(r, setup)).ok());
+    const uint64_t v = on_device ? 2 : 1;
+    std::vector<VersionReport> reports = UpdateAndVerify(v);
+    if (HasFailure()) return;
+    size_t checked = 0;
+    for (const VersionReport& rep : reports) {
+      EXPECT_EQ(rep.checksums.size(), rep.writes);
+      EXPECT_GT(rep.seconds.checksum, 0.0);
+      for (const WriteChecksum& c : rep.checksums) {
+        const std::vector<uint8_t>& landed = fixture_->targets[c.dst_rank].memory;
+        ASSERT_LE(c.offset + c.bytes, landed.size());
+        EXPECT_EQ(Checksum64(landed.data() + c.offset, c.bytes), c.hash)
+            << "inference rank " << c.dst_rank << " region '" << c.region << "' offset " << c.offset;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 0u);
+    for (auto& rank : ranks_) rank->executor.reset();
+  }
+}
+
 // The same among sources that share one device wait: each quantize has
 // its own flag, so the error still names the tensor.
 TEST_P(ExecutorTest, NonFiniteWeightOnADeviceIsPinnedOnItsTensor) {
