@@ -47,6 +47,10 @@ void AddInferenceAgentCommand(CLI::App& app) {
   cmd->add_flag("--verify-checksums", flags->verify_checksums,
                 "before a version is complete here, hash what landed and compare with the trainers' checksums "
                 "(trainers run with --checksums); a mismatch fails the version, naming the tensor");
+  cmd->add_flag("--shadow", flags->shadow,
+                "shadow mode: writes land in a private copy of the weights (as much memory again), copied into "
+                "the store only once a version is complete on every rank, so a failed version leaves the last "
+                "complete one intact");
   cmd->callback([flags] {
     const int rc = inference::RunInferenceAgentCommand(*flags);
     if (rc != 0) throw CLI::RuntimeError(rc);

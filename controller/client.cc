@@ -284,8 +284,14 @@ StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, in
 }
 
 StatusOr<VersionStatus> ControllerClient::ReportInferenceDone(uint64_t version, int32_t rank,
-                                                              const Status& result) {
-  return VersionCall(version, "inference_done", {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}});
+                                                              const Status& result, bool commit) {
+  json body = {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}};
+  if (commit) body["commit"] = true;
+  return VersionCall(version, "inference_done", body);
+}
+
+StatusOr<VersionStatus> ControllerClient::ReportCommitted(uint64_t version, int32_t rank) {
+  return VersionCall(version, "inference_committed", {{"rank", rank}});
 }
 
 StatusOr<VersionStatus> ControllerClient::ReportFailure(uint64_t version, Role role, int32_t rank,

@@ -123,7 +123,10 @@ class ControllerClient {
   StatusOr<VersionStatus> ReportTrainerDone(uint64_t version, int32_t rank, const Status& result,
                                             const nlohmann::json& stats = nullptr);
   // `result` OK: every expected immediate of `version` landed on this rank.
-  StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result);
+  // `commit`: in shadow mode; ReportCommitted once it is copied out.
+  StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result,
+                                              bool commit = false);
+  StatusOr<VersionStatus> ReportCommitted(uint64_t version, int32_t rank);
   StatusOr<VersionStatus> ReportFailure(uint64_t version, Role role, int32_t rank, const std::string& error);
   StatusOr<VersionStatus> GetVersion(uint64_t version);
   // What the trainers hashed of every write inference rank `rank` receives

@@ -337,6 +337,7 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
     // executor at the new epoch) before the next version, together.
     return NewEpochLocked(Role::kTrainer, rank, std::nullopt);
   }
+  versions_.DropCommitter(rank);  // an inference rank's old process commits nothing any more
   Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
   return RegisterReplyLocked(role, rank);
 }
@@ -349,6 +350,7 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
     plan->inference_json = std::move(inference->second);
   }
   const uint64_t epoch = epoch_ + 1;
+  if (role == Role::kInference) versions_.DropCommitter(rank);
   PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
                            ToJson(options_.mapping), plan->plan_id, epoch};
   // Persist first: a restarted controller must serve what agents now hold.
@@ -655,10 +657,23 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
   // thread meanwhile.
   if (versions_.Find(v) == nullptr) {
     for (const auto& [u, rec] : versions_.records()) {
-      if (u >= v || rec.finished()) continue;
-      return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
-                         " has not finished; trainer rank " + std::to_string(rank) + " starts version " +
-                         std::to_string(v) + " once it has");
+      if (u >= v) continue;
+      if (!rec.finished()) {
+        return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
+                           " has not finished; trainer rank " + std::to_string(rank) + " starts version " +
+                           std::to_string(v) + " once it has");
+      }
+      // Shadow mode: v's writes would land in a shadow still being copied
+      // into the engine's weights. A lost rank copies nothing any more, and
+      // nobody copies out a version that failed.
+      if (rec.state != VersionState::kComplete) continue;
+      for (int32_t i : rec.committing) {
+        if (lost_.count({Role::kInference, i}) != 0) continue;
+        return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
+                           " is complete but inference rank " + std::to_string(i) +
+                           " is still copying it out of its shadow; trainer rank " + std::to_string(rank) +
+                           " starts version " + std::to_string(v) + " once it has");
+      }
     }
   }
   const bool known = versions_.Find(v) != nullptr;
@@ -683,7 +698,7 @@ void Controller::VersionFinishedLocked(bool was_finished, const VersionRecord& r
 }
 
 StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool ok, const std::string& error,
-                                      const json& stats) {
+                                      const json& stats, bool commit) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
   TickLocked(now);
@@ -693,9 +708,20 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
-                                                : versions_.InferenceDone(v, rank, ok, error, now));
+                                                : versions_.InferenceDone(v, rank, ok, error, now, commit));
   VersionFinishedLocked(was_finished, *r);
   cv_.notify_all();  // VersionChecksums waits for every trainer's report
+  return r->ToJson(now);
+}
+
+StatusOr<json> Controller::ReportCommitted(uint64_t v, int32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  TickLocked(now);
+  WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kInference, rank));
+  SeenLocked(Role::kInference, rank, now);
+  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Committed(v, rank));
+  if (r->committing.empty()) Log("version " + std::to_string(v) + " committed on every shadow inference rank");
   return r->ToJson(now);
 }
 

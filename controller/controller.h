@@ -99,8 +99,14 @@ class Controller {
   // (kOlderRunningPrefix): one version in flight.
   StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank, uint64_t epoch = 0);
   // `stats` (trainer only): the executor's report, shown in the version object.
+  // `commit` (inference only): the rank is in shadow mode and copies v into
+  // its engine's weights once v is complete (ReportCommitted); until every
+  // such rank did, or is lost or registered again, the next version's start
+  // is refused with Unavailable (kOlderRunningPrefix).
   StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,
-                                      const std::string& error, const nlohmann::json& stats = nullptr);
+                                      const std::string& error, const nlohmann::json& stats = nullptr,
+                                      bool commit = false);
+  StatusOr<nlohmann::json> ReportCommitted(uint64_t v, int32_t rank);
   StatusOr<nlohmann::json> ReportFailure(uint64_t v, Role role, int32_t rank,
                                          const std::string& error);
   // Waits up to `wait` for the version to finish. NotFound if never seen.

@@ -124,12 +124,15 @@ StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, co
     if (!role) return InvalidArgument("fail: 'role' must be trainer or inference");
     return c.ReportFailure(v, *role, rank, error);
   }
+  if (action == "inference_committed") return c.ReportCommitted(v, rank);
   if (action != "trainer_done" && action != "inference_done")
     return NotFound(path + ": no such version action '" + action + "'");
   const Role role = action == "trainer_done" ? Role::kTrainer : Role::kInference;
   const json ok = body.value("ok", json(true));
   if (!ok.is_boolean()) return InvalidArgument(action + ": 'ok' must be true or false");
-  return c.ReportDone(v, role, rank, ok.get<bool>(), error, body.value("stats", json()));
+  const json commit = body.value("commit", json(false));
+  if (!commit.is_boolean()) return InvalidArgument(action + ": 'commit' must be true or false");
+  return c.ReportDone(v, role, rank, ok.get<bool>(), error, body.value("stats", json()), commit.get<bool>());
 }
 
 StatusOr<json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank_text,

@@ -47,7 +47,7 @@ StatusOr<nlohmann::json> HandleHeartbeat(Controller& c, const std::string& path,
 StatusOr<nlohmann::json> HandleKvAdd(Controller& c, const std::string& key, const std::string& path,
                                      const std::string& body);
 // POST /v1/versions/<v>/<action>, action one of start, trainer_done,
-// inference_done, fail.
+// inference_done, inference_committed, fail.
 StatusOr<nlohmann::json> HandleVersionReport(Controller& c, const std::string& version,
                                              const std::string& action, const std::string& path,
                                              const std::string& body);

@@ -195,7 +195,7 @@ void HttpServer::InstallRoutes() {
     Send(res, HandleKvAdd(*c, req.matches[1], req.path, req.body));
   });
 
-  s.Post(R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|fail))",
+  s.Post(R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|inference_committed|fail))",
          [c](const httplib::Request& req, httplib::Response& res) {
            Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
          });

@@ -69,6 +69,7 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
                       {"inference_done", inference_done},
                       {"failures", std::move(failures_json)}};
   if (!checksum_trainers.empty()) j["checksums_from"] = checksum_trainers;
+  if (!committing.empty()) j["committing"] = committing;
   if (!trainer_stats.empty()) {
     nlohmann::json stats = nlohmann::json::object();
     for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
@@ -150,12 +151,27 @@ StatusOr<const VersionRecord*> VersionTracker::TrainerDone(uint64_t v, int32_t r
   return static_cast<const VersionRecord*>(r);
 }
 
+StatusOr<const VersionRecord*> VersionTracker::Committed(uint64_t v, int32_t rank) {
+  auto it = records_.find(v);
+  if (it == records_.end()) return NotFound("version " + std::to_string(v) + " is not known (or too old to be kept)");
+  if (it->second.state != VersionState::kComplete)
+    return FailedPrecondition("version " + std::to_string(v) + " is " + VersionStateName(it->second.state) +
+                              ": only a complete version is committed");
+  it->second.committing.erase(rank);
+  return static_cast<const VersionRecord*>(&it->second);
+}
+
+void VersionTracker::DropCommitter(int32_t rank) {
+  for (auto& [v, r] : records_) r.committing.erase(rank);
+}
+
 StatusOr<const VersionRecord*> VersionTracker::InferenceDone(uint64_t v, int32_t rank, bool ok,
                                                              const std::string& error,
-                                                             Clock::time_point now) {
+                                                             Clock::time_point now, bool commit) {
   WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
   if (!ok) return Fail(v, "inference", rank, error.empty() ? "reported not ok" : error, now);
   r->inference_done.insert(rank);
+  if (commit) r->committing.insert(rank);
   if (r->state == VersionState::kStarted &&
       static_cast<int32_t>(r->inference_done.size()) == inference_) {
     // Deadlines are enforced here too, not only by the ticker: a report that

@@ -49,6 +49,11 @@ struct VersionRecord {
   // [[offset, bytes, "<hash>"], ...]}. `checksum_trainers`: who sent any.
   std::map<int32_t, nlohmann::json> checksums;
   std::set<int32_t> checksum_trainers;
+  // Inference ranks in shadow mode that reported done and, once the version
+  // is complete, copy it from their shadow into the engine's weights; they
+  // leave the set with inference_committed. The next version starts only
+  // after (Controller::StartVersion): its writes land in that shadow.
+  std::set<int32_t> committing;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
@@ -69,8 +74,13 @@ class VersionTracker {
   StatusOr<const VersionRecord*> TrainerDone(uint64_t v, int32_t rank, bool ok,
                                              const std::string& error, Clock::time_point now,
                                              const nlohmann::json& stats = nullptr);
+  // `commit`: the rank is in shadow mode (VersionRecord::committing).
   StatusOr<const VersionRecord*> InferenceDone(uint64_t v, int32_t rank, bool ok,
-                                               const std::string& error, Clock::time_point now);
+                                               const std::string& error, Clock::time_point now, bool commit = false);
+  // A shadow rank copied complete version v into its engine's weights.
+  StatusOr<const VersionRecord*> Committed(uint64_t v, int32_t rank);
+  // The rank's process is gone (it registered again): it commits nothing.
+  void DropCommitter(int32_t rank);
   StatusOr<const VersionRecord*> Fail(uint64_t v, const std::string& role, int32_t rank,
                                       const std::string& error, Clock::time_point now);
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "inference_agent/descriptor_text.h"
@@ -53,10 +54,22 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
                            std::to_string(memory->regions().size()) + " regions, the layout " +
                            std::to_string(rank.regions.size()));
   }
+  if (options.shadow != nullptr) {
+    options.hold = true;
+    const auto& live = memory->regions();
+    const auto& shadow = options.shadow->regions();
+    bool same = live.size() == shadow.size();
+    for (size_t i = 0; same && i < live.size(); ++i)
+      same = live[i].id == shadow[i].id && live[i].size == shadow[i].size && live[i].kind == shadow[i].kind;
+    if (!same) return InvalidArgument(where + ": the shadow memory's regions differ from '" + memory->name() + "'");
+  }
   std::unique_ptr<InferenceAgent> agent(
       new InferenceAgent(std::move(engine), std::move(memory), std::move(rank), std::move(options)));
+  // In shadow mode the writes land in the shadow: it is what is registered.
+  const std::vector<WeightMemory::Region>& landing =
+      agent->options_.shadow ? agent->options_.shadow->regions() : agent->memory_->regions();
   for (size_t i = 0; i < agent->rank_.regions.size(); ++i) {
-    const WeightMemory::Region& r = agent->memory_->regions()[i];
+    const WeightMemory::Region& r = landing[i];
     MemoryRegion& spec = agent->rank_.regions[i];
     if (r.id != spec.id || r.size != spec.size) {
       return InvalidArgument(where + ": region '" + spec.id + "' (" + std::to_string(spec.size) +
@@ -68,8 +81,8 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
     spec.descriptor = DescriptorToText((*mr)->descriptor());
     agent->regions_.push_back(std::move(mr).value());
   }
-  agent->Log(where + ": registered " + std::to_string(agent->regions_.size()) + " region(s) of '" +
-             agent->memory_->name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
+  agent->Log(where + ": registered " + std::to_string(agent->regions_.size()) + " region(s) of " +
+             (agent->options_.shadow ? "a shadow of '" : "'") + agent->memory_->name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
              agent->engine_->provider());
   return agent;
 }
@@ -219,7 +232,7 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
   cv_.notify_all();
 }
 
-Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expected) const {
+Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expected, bool landed) const {
   const std::string me = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
   std::vector<IncomingWrite> writes;
   {
@@ -233,7 +246,8 @@ Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expe
       return FailedPrecondition(me + ": two checksums for region '" + c.region + "' offset " + std::to_string(c.offset));
   }
   std::map<std::string, const WeightMemory::Region*> regions;
-  for (const WeightMemory::Region& r : memory_->regions()) regions[r.id] = &r;
+  const bool in_shadow = landed && options_.shadow != nullptr;
+  for (const WeightMemory::Region& r : in_shadow ? options_.shadow->regions() : memory_->regions()) regions[r.id] = &r;
   constexpr uint64_t kPiece = 16ull << 20;
   std::vector<uint8_t> piece;
   for (const IncomingWrite& w : writes) {
@@ -271,11 +285,43 @@ Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expe
   return Status::Ok();
 }
 
-bool InferenceAgent::Commit(uint64_t v) {
+Status InferenceAgent::Commit(uint64_t v) {
+  const std::string me = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
+  std::string copied;
+  if (options_.shadow != nullptr) {
+    const auto t0 = Clock::now();
+    std::vector<IncomingWrite> writes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writes = writes_;
+    }
+    // The planned bytes only (a region may hold bytes no trainer writes),
+    // adjacent writes as one copy.
+    std::sort(writes.begin(), writes.end(), [](const IncomingWrite& a, const IncomingWrite& b) {
+      return std::tie(a.region, a.offset) < std::tie(b.region, b.offset);
+    });
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < memory_->regions().size(); ++i) index[memory_->regions()[i].id] = i;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < writes.size();) {
+      uint64_t end = writes[i].offset + writes[i].bytes;
+      size_t j = i + 1;
+      for (; j < writes.size() && writes[j].region == writes[i].region && writes[j].offset == end; ++j)
+        end += writes[j].bytes;
+      const size_t r = index.at(writes[i].region);
+      WSYNC_RETURN_IF_ERROR(options_.shadow->CopyOut(options_.shadow->regions()[r], memory_->regions()[r],
+                                                     writes[i].offset, end - writes[i].offset)
+                                .WithContext(me + ": copying region '" + writes[i].region + "' out of the shadow"));
+      bytes += end - writes[i].offset;
+      i = j;
+    }
+    WSYNC_RETURN_IF_ERROR(options_.shadow->Finish().WithContext(me + ": copying out of the shadow"));
+    copied = " (" + std::to_string(bytes) + " bytes copied out of the shadow in " + Fixed3(Seconds(Clock::now() - t0)) +
+             " s)";
+  }
   const bool moved = memory_->MarkComplete(v);
-  Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": complete" +
-      (moved ? "" : " (older than the current complete version, which stays)"));
-  return moved;
+  Log(me + ": complete" + copied + (moved ? "" : " (older than the current complete version, which stays)"));
+  return Status::Ok();
 }
 
 void InferenceAgent::Reject(uint64_t v, const Status& why) {

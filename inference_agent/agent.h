@@ -58,6 +58,10 @@ struct InferenceAgentOptions {
   // complete: its outcome says `held`, and complete_version moves only on
   // Commit (RunInferenceAgent verifies the checksums first).
   bool hold = false;
+  // Shadow mode (implies hold): the writes land in this memory, of the same
+  // regions as the engine's; Commit copies a version out into the engine's
+  // weights, so a version that fails leaves them at the last complete one.
+  std::shared_ptr<ShadowMemory> shadow;
 };
 
 class InferenceAgent {
@@ -109,10 +113,15 @@ class InferenceAgent {
   // with no checksum or a checksum of no planned write. Only meaningful
   // while no other version's writes land (before its Commit, or while the
   // trainers are between versions).
-  Status Verify(uint64_t v, const std::vector<WriteChecksum>& expected) const;
-  // A held version: complete here now (true), or failed (`why` non-OK).
-  bool Commit(uint64_t v);
+  // In shadow mode `landed` checks the shadow (what the writes left), else
+  // the engine's weights (what a committed version copied out).
+  Status Verify(uint64_t v, const std::vector<WriteChecksum>& expected, bool landed = true) const;
+  // A held version becomes complete here: in shadow mode every planned
+  // write's bytes are copied out into the engine's weights first.
+  Status Commit(uint64_t v);
+  // A held version that will not be complete here (`why`).
   void Reject(uint64_t v, const Status& why);
+  bool shadowed() const { return options_.shadow != nullptr; }
 
   // Outcomes in the order they happened, waiting up to `wait` for the first.
   std::vector<VersionOutcome> TakeOutcomes(std::chrono::milliseconds wait);

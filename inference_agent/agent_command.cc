@@ -80,8 +80,18 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   InferenceAgentOptions agent_options;
   agent_options.log = LogLine;
   agent_options.hold = flags.verify_checksums;
+  std::unique_ptr<WeightMemory> memory = MakeShmWeightMemory(std::move(store).value());
+  if (flags.shadow) {
+    StatusOr<std::unique_ptr<ShadowMemory>> shadow = MakeHostShadow(*memory);
+    if (!shadow.ok()) return fail(shadow.status());
+    agent_options.shadow = std::move(shadow).value();
+    uint64_t bytes = 0;
+    for (const WeightMemory::Region& r : memory->regions()) bytes += r.size;
+    LogLine("shadow mode: " + std::to_string(bytes) + " bytes of private memory take the writes; '" + memory->name() +
+            "' changes only when a version is complete everywhere");
+  }
   StatusOr<std::unique_ptr<InferenceAgent>> agent =
-      InferenceAgent::Create(std::move(engine).value(), std::move(store).value(), std::move(rank).value(), agent_options);
+      InferenceAgent::Create(std::move(engine).value(), std::move(memory), std::move(rank).value(), agent_options);
   if (!agent.ok()) return fail(agent.status());
 
   AgentRunnerOptions run;

@@ -34,6 +34,7 @@ struct InferenceAgentFlags {
   double plan_timeout_s = 0;     // 0: wait for the world until stopped
   int poll_ms = 100;             // how often the controller is asked for started versions
   bool verify_checksums = false; // check each version against the trainers' checksums before it is complete
+  bool shadow = false;           // writes land in a private copy, copied into the store once complete
 };
 
 // This rank's entry of the layout file or of the generated specs. One line

@@ -121,37 +121,66 @@ class Runner {
     }
   }
 
-  // A held version: checked (with verify_checksums), then complete here
-  // before the controller hears it is done; or failed, with the reason.
-  Status Settle(const VersionOutcome& out) {
-    if (options_.verify_checksums) {
-      const auto t0 = Clock::now();
-      StatusOr<std::vector<WriteChecksum>> want =
-          client_.FetchChecksums(out.version, agent_.rank().rank, Clock::now() + options_.version_timeout);
-      Status s = want.ok() ? agent_.Verify(out.version, *want)
-                           : want.status().WithContext(where_ + ": version " + std::to_string(out.version) +
-                                                       ": fetching the trainers' checksums");
-      if (!s.ok()) {
-        agent_.Reject(out.version, s);
-        return s;
-      }
-      Log("version " + std::to_string(out.version) + ": " + std::to_string(want->size()) +
-          " checksums verified in " + std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s");
+  // A held version's checksums (with verify_checksums): OK, or why not.
+  Status Check(const VersionOutcome& out) {
+    if (!options_.verify_checksums) return Status::Ok();
+    const auto t0 = Clock::now();
+    StatusOr<std::vector<WriteChecksum>> want =
+        client_.FetchChecksums(out.version, agent_.rank().rank, Clock::now() + options_.version_timeout);
+    if (!want.ok()) {
+      return want.status().WithContext(where_ + ": version " + std::to_string(out.version) +
+                                       ": fetching the trainers' checksums");
     }
-    agent_.Commit(out.version);
+    WSYNC_RETURN_IF_ERROR(agent_.Verify(out.version, *want));
+    Log("version " + std::to_string(out.version) + ": " + std::to_string(want->size()) + " checksums verified in " +
+        std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s");
     return Status::Ok();
   }
 
   // The client itself retries a refused connection (controller restarting).
   void Report(const VersionOutcome& out) {
-    const Status result = out.held ? Settle(out) : out.status;
-    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(out.version, agent_.rank().rank, result);
-    if (!reply.ok()) {
-      Log("reporting version " + std::to_string(out.version) + " failed: " + reply.status().message());
+    if (!out.held) return Send(out.version, out.status, false);
+    Status s = Check(out);
+    if (s.ok() && !agent_.shadowed()) s = agent_.Commit(out.version);
+    if (!s.ok()) {
+      agent_.Reject(out.version, s);
+      return Send(out.version, s, false);
+    }
+    if (!agent_.shadowed()) return Send(out.version, s, false);
+    // Shadow mode: done here, but the engine's weights change only once the
+    // version is complete everywhere; the controller holds the next version
+    // until this rank says it copied this one out.
+    Send(out.version, Status::Ok(), /*commit=*/true);
+    // Until it finishes, through a controller restart (short waits, so a
+    // stop is noticed).
+    StatusOr<controller::VersionStatus> end = Aborted(where_ + ": stopped before version " +
+                                                      std::to_string(out.version) + " finished");
+    while (!stopped()) {
+      end = client_.WaitVersion(out.version, Clock::now() + std::chrono::seconds(1));
+      const StatusCode code = end.ok() ? StatusCode::kOk : end.status().code();
+      if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kUnavailable) break;
+    }
+    if (!end.ok() || end->failed()) {
+      agent_.Reject(out.version, end.ok() ? Aborted("failed at the controller: " + FailureSummary(*end) +
+                                                    "; the engine's weights stay at the last complete version")
+                                          : end.status());
       return;
     }
-    Log("reported version " + std::to_string(out.version) + " " + (result.ok() ? "done" : "failed") +
-        "; controller says " + reply->state);
+    s = agent_.Commit(out.version);
+    if (!s.ok()) agent_.Reject(out.version, s);
+    StatusOr<controller::VersionStatus> reply = client_.ReportCommitted(out.version, agent_.rank().rank);
+    if (!reply.ok()) Log("reporting the commit of version " + std::to_string(out.version) + " failed: " +
+                         reply.status().message());
+  }
+
+  void Send(uint64_t v, const Status& result, bool commit) {
+    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(v, agent_.rank().rank, result, commit);
+    if (!reply.ok()) {
+      Log("reporting version " + std::to_string(v) + " failed: " + reply.status().message());
+      return;
+    }
+    Log("reported version " + std::to_string(v) + " " + (result.ok() ? "done" : "failed") + "; controller says " +
+        reply->state);
   }
 
   static std::string FailureSummary(const controller::VersionStatus& v) {

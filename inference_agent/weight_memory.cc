@@ -1,5 +1,9 @@
 #include "inference_agent/weight_memory.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -36,7 +40,36 @@ class ShmWeightMemory : public WeightMemory {
   std::vector<Region> regions_;
 };
 
+class HostShadow : public ShadowMemory {
+ public:
+  ~HostShadow() override {
+    for (const WeightMemory::Region& r : regions_) munmap(r.data, std::max<uint64_t>(r.size, 1));
+  }
+  const std::vector<WeightMemory::Region>& regions() const override { return regions_; }
+  Status CopyOut(const WeightMemory::Region& from, const WeightMemory::Region& to, uint64_t offset,
+                 uint64_t bytes) override {
+    std::memcpy(to.data + offset, from.data + offset, bytes);
+    return Status::Ok();
+  }
+  Status Finish() override { return Status::Ok(); }
+  std::vector<WeightMemory::Region> regions_;
+};
+
 }  // namespace
+
+StatusOr<std::unique_ptr<ShadowMemory>> MakeHostShadow(const WeightMemory& live) {
+  auto shadow = std::make_unique<HostShadow>();
+  for (const WeightMemory::Region& r : live.regions()) {
+    if (r.kind != transport::MemoryKind::kHost)
+      return InvalidArgument(live.name() + ": region '" + r.id + "' is device memory: a host shadow cannot hold it");
+    void* p = mmap(nullptr, std::max<uint64_t>(r.size, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return Internal(live.name() + ": shadow of region '" + r.id + "' (" + std::to_string(r.size) +
+                      " bytes): mmap: " + std::strerror(errno));
+    shadow->regions_.push_back({r.id, static_cast<uint8_t*>(p), r.size, r.kind, r.device});
+  }
+  return std::unique_ptr<ShadowMemory>(std::move(shadow));
+}
 
 std::unique_ptr<WeightMemory> MakeShmWeightMemory(WeightStore store) {
   return std::make_unique<ShmWeightMemory>(std::move(store));

@@ -48,6 +48,27 @@ class WeightMemory {
   virtual Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const;
 };
 
+// Shadow mode: memory of the same regions (ids, sizes, kinds) where the
+// writes land instead of the engine's, and the copy that moves a complete
+// version's bytes from it into the engine's weights (InferenceAgent::Commit),
+// so a version that fails never touches them.
+class ShadowMemory {
+ public:
+  virtual ~ShadowMemory() = default;
+  virtual const std::vector<WeightMemory::Region>& regions() const = 0;
+  // Bytes [offset, offset + bytes) of shadow region `from` into live region
+  // `to` (the same id); may be asynchronous until Finish.
+  virtual Status CopyOut(const WeightMemory::Region& from, const WeightMemory::Region& to, uint64_t offset,
+                         uint64_t bytes) = 0;
+  // Returns once every CopyOut issued is in the live memory, visible to
+  // the engine's reads.
+  virtual Status Finish() = 0;
+};
+
+// Host memory of `live`'s regions (private anonymous mappings), copied out
+// with memcpy. InvalidArgument for device regions (their owner brings its own).
+StatusOr<std::unique_ptr<ShadowMemory>> MakeHostShadow(const WeightMemory& live);
+
 // The sidecar's WeightMemory: `store`'s regions (host memory) and the
 // version words in its shared header, which the engine process reads.
 std::unique_ptr<WeightMemory> MakeShmWeightMemory(WeightStore store);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include <ATen/ATen.h>
 
@@ -62,10 +63,64 @@ void InProcessWeights::Stop() {
   cv_.notify_all();
 }
 
+// ----------------------------------------------------------- TorchShadow --
+
+// Shadow mode for an engine's own tensors: shadow tensors the Python side
+// allocated beside them (same device), copied out on the current stream and
+// waited for before the version word moves.
+class TorchShadow : public inference::ShadowMemory {
+ public:
+  explicit TorchShadow(std::vector<inference::WeightMemory::Region> regions) : regions_(std::move(regions)) {}
+  const std::vector<inference::WeightMemory::Region>& regions() const override { return regions_; }
+  Status CopyOut(const inference::WeightMemory::Region& from, const inference::WeightMemory::Region& to,
+                 uint64_t offset, uint64_t bytes) override {
+    if (to.kind == transport::MemoryKind::kHost) {
+      std::memcpy(to.data + offset, from.data + offset, bytes);
+      return Status::Ok();
+    }
+    return Torch("copy out of the shadow", [&] {
+      Bytes(to, offset, bytes).copy_(Bytes(from, offset, bytes));
+      last_ = &to;
+    });
+  }
+  Status Finish() override {
+    if (last_ == nullptr) return Status::Ok();
+    const inference::WeightMemory::Region* r = last_;
+    last_ = nullptr;
+    // A copy to the host waits for the stream, and so for every copy out before it.
+    uint8_t byte = 0;
+    return Torch("waiting for the copies out of the shadow", [&] {
+      at::from_blob(&byte, {1}, at::TensorOptions().dtype(at::kByte)).copy_(Bytes(*r, 0, 1));
+    });
+  }
+
+ private:
+  static at::Tensor Bytes(const inference::WeightMemory::Region& r, uint64_t offset, uint64_t bytes) {
+    return at::from_blob(r.data + offset, {static_cast<int64_t>(bytes)},
+                         at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::CUDA,
+                                                                     static_cast<c10::DeviceIndex>(r.device)));
+  }
+  template <typename Fn>
+  static Status Torch(const char* what, Fn&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::string m = e.what();
+      m.resize(std::min(m.size(), m.find('\n')));
+      return Internal(std::string(what) + ": " + m);
+    }
+    return Status::Ok();
+  }
+
+  std::vector<inference::WeightMemory::Region> regions_;
+  const inference::WeightMemory::Region* last_ = nullptr;
+};
+
 // ------------------------------------------------------- InferenceSession --
 
 StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
-    InferenceConfig config, std::vector<inference::WeightMemory::Region> regions) {
+    InferenceConfig config, std::vector<inference::WeightMemory::Region> regions,
+    std::vector<inference::WeightMemory::Region> shadow) {
   // The strict loader checks the entry alone, numbered 0 (as the controller does).
   nlohmann::json alone = config.rank;
   const int32_t rank = alone.value("rank", -1);
@@ -102,6 +157,7 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   inference::InferenceAgentOptions agent_options;
   agent_options.log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
   agent_options.hold = s->config_.verify_checksums;
+  if (!shadow.empty()) agent_options.shadow = std::make_shared<TorchShadow>(std::move(shadow));
   WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine).value(), std::move(weights),
                                                                       std::move(layout), agent_options));
 
@@ -164,7 +220,9 @@ Status InferenceSession::WaitVersion(uint64_t v, std::chrono::milliseconds timeo
     }
   }
   return Aborted(me + " failed" + (why.empty() ? std::string() : ": " + why) +
-                 "; the weights are a mix of versions until the next complete one");
+                 (agent_->shadowed() ? "; the tensors stay at version " + std::to_string(weights_->complete_version()) +
+                                           " (shadow mode)"
+                                     : "; the weights are a mix of versions until the next complete one"));
 }
 
 Status InferenceSession::Verify(uint64_t v, std::chrono::milliseconds timeout) {
@@ -172,7 +230,7 @@ Status InferenceSession::Verify(uint64_t v, std::chrono::milliseconds timeout) {
   if (v == 0) return FailedPrecondition("inference rank " + std::to_string(agent_->rank().rank) + ": no complete version to verify");
   StatusOr<std::vector<WriteChecksum>> want = client_.FetchChecksums(v, agent_->rank().rank, Clock::now() + timeout);
   if (!want.ok()) return want.status();
-  return agent_->Verify(v, *want);
+  return agent_->Verify(v, *want, /*landed=*/false);  // the engine's tensors
 }
 
 void InferenceSession::Close() {

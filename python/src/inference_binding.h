@@ -74,8 +74,10 @@ class InferenceSession {
   // Registers the regions with a new engine and then with the controller;
   // returns once the controller accepted the layout (the plan comes later,
   // when every rank is there).
+  // `shadow` (empty: off): shadow mode's landing memory, one per region.
   static StatusOr<std::unique_ptr<InferenceSession>> Create(InferenceConfig config,
-                                                            std::vector<inference::WeightMemory::Region> regions);
+                                                            std::vector<inference::WeightMemory::Region> regions,
+                                                            std::vector<inference::WeightMemory::Region> shadow = {});
   ~InferenceSession();  // Close()
 
   // Blocks until version v is complete here (OK), failed (the failure, with

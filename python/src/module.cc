@@ -205,7 +205,8 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<InferenceSession>(m, "InferenceSession")
       .def(py::init([](const std::string& config_json,
-                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& regions) {
+                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& regions,
+                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& shadow) {
              const nlohmann::json c = ParseJson(config_json, "inference config");
              InferenceConfig config;
              config.rank = c.at("rank");
@@ -217,17 +218,22 @@ PYBIND11_MODULE(_C, m) {
              config.node = c.value("node", std::string());
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.verify_checksums = c.value("verify_checksums", false);
-             std::vector<inference::WeightMemory::Region> rs;
-             for (const auto& [id, ptr, size, cuda, device] : regions) {
-               rs.push_back({id, reinterpret_cast<uint8_t*>(ptr), size,
-                             cuda ? transport::MemoryKind::kCuda : transport::MemoryKind::kHost, device});
-             }
+             auto to_regions = [](const auto& list) {
+               std::vector<inference::WeightMemory::Region> rs;
+               for (const auto& [id, ptr, size, cuda, device] : list) {
+                 rs.push_back({id, reinterpret_cast<uint8_t*>(ptr), size,
+                               cuda ? transport::MemoryKind::kCuda : transport::MemoryKind::kHost, device});
+               }
+               return rs;
+             };
+             std::vector<inference::WeightMemory::Region> rs = to_regions(regions), ss = to_regions(shadow);
              py::gil_scoped_release nogil;
-             StatusOr<std::unique_ptr<InferenceSession>> s = InferenceSession::Create(std::move(config), std::move(rs));
+             StatusOr<std::unique_ptr<InferenceSession>> s =
+                 InferenceSession::Create(std::move(config), std::move(rs), std::move(ss));
              py::gil_scoped_acquire gil;
              return Take(std::move(s));
            }),
-           py::arg("config_json"), py::arg("regions"))
+           py::arg("config_json"), py::arg("regions"), py::arg("shadow"))
       .def("wait_version",
            [](InferenceSession& s, uint64_t v, double timeout_s) {
              Status st;

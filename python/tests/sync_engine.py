@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--verify-checksums", action="store_true",
                     help="every version checked against the trainers' checksums before it is complete, "
                          "and verify() asked again after each")
+    ap.add_argument("--shadow", action="store_true", help="InferenceAgent(shadow=True)")
+    ap.add_argument("--exit-after", type=int, default=0,
+                    help="leave abruptly (no goodbye to the controller) once this version is saved")
     ap.add_argument("--tamper", default="",
                     help="after the last version, flip one bit of this tensor and save what verify() says")
     args = ap.parse_args()
@@ -82,11 +85,21 @@ def main():
         tensors[args.reshape] = torch.zeros([t.shape[0] + 1] + list(t.shape[1:]), dtype=t.dtype)
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
                               instance=instance, layout=layout, timeout_s=args.timeout,
-                              verify_checksums=args.verify_checksums) as agent:
+                              verify_checksums=args.verify_checksums, shadow=args.shadow) as agent:
         print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)
         for v in range(1, args.versions + 1):
             t0 = time.perf_counter()
-            agent.wait_version(v, args.timeout)
+            try:
+                agent.wait_version(v, args.timeout)
+            except wsync.VersionError as e:
+                if not args.shadow:
+                    raise
+                # What the engine holds after a failed version, in shadow mode.
+                torch.save({"tensors": {n: t.clone() for n, t in tensors.items()}, "error": str(e),
+                            "complete_version": agent.complete_version},
+                           os.path.join(args.out, f"engine-{args.rank}-failed-v{v}.pt"))
+                print(f"engine {args.rank}: version {v} failed: {e}", flush=True)
+                return
             if args.verify_checksums:
                 agent.verify(v)  # on request too, before the trainers may push the next version
             if args.tamper and v == args.versions:
@@ -108,6 +121,8 @@ def main():
                        os.path.join(args.out, f"engine-{args.rank}-v{v}.pt"))
             open(os.path.join(args.out, f"engine-{args.rank}-v{v}.done"), "w").close()
             print(f"engine {args.rank}: version {v} complete", flush=True)
+            if v == args.exit_after:
+                os._exit(0)
 
 
 if __name__ == "__main__":

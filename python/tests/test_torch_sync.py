@@ -215,6 +215,32 @@ def test_checksums_are_verified_before_complete_and_name_a_changed_tensor(job):
         assert "differs from what the trainers sent" in said, said
 
 
+def test_shadow_mode_keeps_the_last_complete_version_when_the_next_fails(job):
+    """InferenceAgent(shadow=True): versions land in a shadow and are copied
+    into the engine's tensors once complete everywhere (bit for bit, as
+    without it). Engine 1 then vanishes: version 2 fails, and engine 0's
+    tensors are still exactly version 1, whatever of version 2 reached it."""
+    j = job(heartbeat=3, version_timeout=30)
+    engines = [j.engine(0, "--model", "llama", "--layout", "identity", "--shadow"),
+               j.engine(1, "--model", "llama", "--layout", "identity", "--shadow", "--exit-after", "1")]
+    trainers = j.trainers("--model", "llama", "--timeout", "60", "--no-tokens")
+    assert j.wait(trainers, "trainers") != 0, "version 2 should have failed"
+    assert j.wait(engines[0], "engine0") == 0, j.log("engine0")[-4000:]
+    v1 = load(j, "trainer-v1.pt")["state"]
+    for r in range(ENGINES):
+        got = load(j, f"engine-{r}-v1.pt")["tensors"]
+        for name, want in v1.items():
+            assert torch.equal(got[name], want), f"engine {r} version 1: tensor '{name}' differs"
+    assert j.version(1)["state"] == "complete"
+    assert j.version(2)["state"] == "failed"
+    after = load(j, "engine-0-failed-v2.pt")
+    assert after["complete_version"] == 1
+    assert "stay at version 1 (shadow mode)" in after["error"], after["error"]
+    for name, want in v1.items():
+        assert torch.equal(after["tensors"][name], want), f"engine 0 after the failed version 2: '{name}' changed"
+    assert "bytes copied out of the shadow" in j.log("engine0")
+
+
 def test_strided_shards_of_fsdp2_under_ep_land_bit_for_bit(job):
     """FSDP2 sharding the experts on the dim EP already shards writes
     (_StridedShard(0, sf=2), Shard(0)): rank (fsdp f, ep e) holds a piece

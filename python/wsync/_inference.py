@@ -29,11 +29,19 @@ class InferenceAgent(SessionOwner):
     {"experts": {"start": a, "end": b}} (docs/SCHEMA.md, wsync.inference/v1).
     An fp8 tensor NAME takes its block scales from NAME + scale_suffix.
     `instance` groups ranks into engine replicas (each holds every byte once).
+
+    verify_checksums=True: a version whose writes all landed is checked
+    against what the trainers hashed (TrainerAgent(checksums=True)) before
+    it is complete here; a mismatch fails it, naming the tensor.
+    shadow=True: the writes land in a copy of every tensor (as much memory
+    again, on the same device); the tensors change only once a version is
+    complete on every rank, by a local copy, so a version that fails leaves
+    them at the last complete one (docs/PYTHON.md).
     """
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None, verify_checksums=False):
+                 tls_ca_file=None, verify_checksums=False, shadow=False):
         self.rank = rank
         self.job = job
         layout = layout or {}
@@ -78,7 +86,11 @@ class InferenceAgent(SessionOwner):
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
                   "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums)}
-        self._session = _C.InferenceSession(json.dumps(config), regions)
+        # Shadow mode: the writes land in a copy of each tensor; the tensors
+        # change only once a version is complete on every rank.
+        self._shadow = {name: torch.empty_like(t) for name, t in self._tensors.items()} if shadow else {}
+        shadow_regions = [(r[0], self._shadow[r[0]].data_ptr()) + r[2:] for r in regions] if shadow else []
+        self._session = _C.InferenceSession(json.dumps(config), regions, shadow_regions)
 
     @property
     def complete_version(self):

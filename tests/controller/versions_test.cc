@@ -319,5 +319,40 @@ TEST_F(ControllerTest, ChecksumsAreServedPerInferenceRankOnceEveryTrainerReporte
   EXPECT_EQ(client_->FetchChecksums(1, 7, In(1)).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Shadow mode's commit rule: a complete version whose shadow ranks are
+// still copying it into their engines holds the next version's start (its
+// writes would land in that shadow); each rank's commit releases it, and a
+// rank that registers again (its process gone) commits nothing.
+TEST_F(ControllerTest, NextVersionWaitsUntilEveryShadowRankCommittedThePrevious) {
+  StartServer();
+  RegisterAll();
+  ASSERT_EQ(world_.inference_ranks(), 2);
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  for (int t = 0; t < world_.trainers(); ++t) ASSERT_TRUE(client_->ReportTrainerDone(1, t, Status::Ok()).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 0, Status::Ok(), /*commit=*/true).ok());
+  StatusOr<VersionStatus> done = client_->ReportInferenceDone(1, 1, Status::Ok(), /*commit=*/true);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->state, "complete");
+
+  StatusOr<VersionStatus> early = client_->StartVersion(2, 0);
+  ASSERT_EQ(early.status().code(), StatusCode::kUnavailable) << early.status().ToString();
+  EXPECT_NE(early.status().message().find(kOlderRunningPrefix), std::string::npos);
+  EXPECT_NE(early.status().message().find("inference rank 0 is still copying it out of its shadow"),
+            std::string::npos) << early.status().message();
+  ASSERT_TRUE(client_->ReportCommitted(1, 0).ok());
+  early = client_->StartVersion(2, 0);
+  ASSERT_EQ(early.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(early.status().message().find("inference rank 1 is still copying"), std::string::npos);
+  // Rank 1's agent restarted: registered again, it has nothing to commit.
+  ASSERT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(1)).ok());
+  ASSERT_TRUE(client_->StartVersion(2, 0).ok());
+
+  // Only a complete version is committed; a failed one holds nothing back.
+  ASSERT_TRUE(client_->ReportInferenceDone(2, 0, Status::Ok(), /*commit=*/true).ok());
+  ASSERT_TRUE(client_->ReportFailure(2, Role::kTrainer, 0, "diverged").ok());
+  EXPECT_EQ(client_->ReportCommitted(2, 0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->StartVersion(3, 0).ok());
+}
+
 }  // namespace
 }  // namespace wsync::controller::testing

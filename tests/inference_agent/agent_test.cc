@@ -333,7 +333,7 @@ TEST_P(HoldingAgentTest, ALandedVersionIsCompleteOnlyOnceItsChecksumsMatch) {
   ASSERT_TRUE(out.ok() && out->held) << (out.ok() ? out->status.ToString() : out.status().ToString());
   s = agent_->Verify(2, Sent(2, 0, kWrites.size()));
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(agent_->Commit(2));
+  ASSERT_TRUE(agent_->Commit(2).ok());
   EXPECT_EQ(EngineReads(2), "ok");
 }
 

@@ -45,10 +45,22 @@ std::unique_ptr<LocalSync> StartOrDie(const LocalSyncOptions& o) {
   return s.ok() ? std::move(*s) : nullptr;
 }
 
+uint64_t EngineVersion(LocalSync& s, int32_t rank) {
+  StatusOr<inference::EngineView> view = inference::EngineView::Open(s.InferenceShmName(rank));
+  return view.ok() ? view->complete_version() : ~0ull;
+}
+
 void ExpectCompleteAndVerified(LocalSync& s, uint64_t version) {
   StatusOr<UpdateReport> r = s.Update(version);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->state, "complete") << r->failure;
+  // What an engine goes by is its store's version word. In shadow mode it
+  // moves once the rank copied the version out, just after the controller
+  // called it complete (every rank had all of it).
+  for (int32_t rank = 0; rank < static_cast<int32_t>(s.specs().inference.ranks.size()); ++rank) {
+    for (int i = 0; i < 1000 && EngineVersion(s, rank) != version; ++i) std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_EQ(EngineVersion(s, rank), version) << "inference rank " << rank << "'s engine never saw it";
+  }
   Status v = s.Verify(version, &*r);
   ASSERT_TRUE(v.ok()) << v.ToString();
   EXPECT_EQ(r->verified_bytes, r->wire_bytes) << "every byte written is a byte checked";
@@ -57,11 +69,6 @@ void ExpectCompleteAndVerified(LocalSync& s, uint64_t version) {
 std::string TrainerLogText(LocalSync& s, int32_t rank) {
   std::ifstream in(s.TrainerLog(rank));
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-uint64_t EngineVersion(LocalSync& s, int32_t rank) {
-  StatusOr<inference::EngineView> view = inference::EngineView::Open(s.InferenceShmName(rank));
-  return view.ok() ? view->complete_version() : ~0ull;
 }
 
 TEST(SyncScenarios, ThreeUpdatesInARowLandBitForBit) {
@@ -314,6 +321,43 @@ TEST(SyncScenarios, WritersToAKilledInferenceAgentFailTheVersionAndTheNextComple
     const std::string log = TrainerLogText(*s, r);
     EXPECT_NE(log.find("replaced the transport engine"), std::string::npos) << s->TrainerLog(r) << ":\n" << log;
   }
+}
+
+// Shadow mode (--shadow): the same failure leaves the live rank's weights
+// exactly at the last complete version, whatever of version 2 reached it,
+// and the engine's word stays there; versions that complete are copied out
+// into the store and land bit for bit, before and after.
+TEST(SyncScenarios, InShadowModeAFailedVersionLeavesTheLastCompleteOneIntact) {
+  LocalSyncOptions o = Options("shadow");
+  o.extra_inference_args = {"--shadow"};
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  ExpectCompleteAndVerified(*s, 1);
+
+  s->KillInferenceAgent(1, SIGKILL);
+  StatusOr<UpdateReport> r2 = s->Update(2);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->state, "failed");
+  // Rank 0 heard that version 2 failed (it leaves it within its deadline).
+  for (int i = 0; i < 300; ++i) {
+    std::ifstream in(s->InferenceLog(0));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (log.find("version 2: not complete") != std::string::npos ||
+        log.find("version 2 failed") != std::string::npos || log.find("version 2 is already failed") != std::string::npos)
+      break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(EngineVersion(*s, 0), 1u);
+  Status intact = s->Verify(1, nullptr, /*only_rank=*/0);
+  EXPECT_TRUE(intact.ok()) << "rank 0's weights are not version 1 any more: " << intact.ToString();
+
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  ExpectCompleteAndVerified(*s, 3);
+  std::ifstream in(s->InferenceLog(0));
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("version 3: complete ("), std::string::npos) << log;
+  EXPECT_NE(log.find("bytes copied out of the shadow"), std::string::npos) << log;
 }
 
 TEST(SyncScenarios, ControllerRestartBetweenUpdatesServesTheSamePlan) {
