@@ -40,6 +40,8 @@ void AddChaosCommand(CLI::App& app) {
   o->sync.gloo_timeout_s = 20;  // a dead peer shows at once ("lost a peer"); this bounds a silent one
   o->sync.heartbeat_timeout_s = 3;
   auto allow_unrecovered = std::make_shared<bool>(false);
+  auto shadow = std::make_shared<bool>(false);
+  auto checksums = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("chaos", "kill and restart agents and the controller during updates; check "
                                               "that nothing is silently wrong and nothing hangs");
   cmd->add_option("--faults", o->faults, "processes to kill, one per update")->capture_default_str();
@@ -56,7 +58,17 @@ void AddChaosCommand(CLI::App& app) {
   cmd->add_option("--work-dir", o->sync.work_dir, "logs and controller state");
   cmd->add_flag("--allow-unrecovered", *allow_unrecovered,
                 "exit 0 even if an update after a fault did not complete (still never if silently wrong or hung)");
-  cmd->callback([o, allow_unrecovered] { std::exit(RunChaosCommand(*o, *allow_unrecovered)); });
+  cmd->add_flag("--shadow", *shadow, "inference agents in shadow mode (--shadow)");
+  cmd->add_flag("--checksums", *checksums,
+                "trainers send checksums, inference agents check them before a version is complete");
+  cmd->callback([o, allow_unrecovered, shadow, checksums] {
+    if (*shadow) o->sync.extra_inference_args.push_back("--shadow");
+    if (*checksums) {
+      o->sync.extra_trainer_args.push_back("--checksums");
+      o->sync.extra_inference_args.push_back("--verify-checksums");
+    }
+    std::exit(RunChaosCommand(*o, *allow_unrecovered));
+  });
 }
 
 }  // namespace wsync::cli

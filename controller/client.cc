@@ -260,6 +260,7 @@ StatusOr<VersionStatus> ParseVersionStatus(const json& j) {
   for (const json& f : j.value("failures", json::array()))
     v.failures.push_back({f.value("role", ""), f.value("rank", -1), f.value("error", "")});
   v.seconds = j.value("seconds", 0.0);
+  v.landed = j.value("landed", false) == true;
   v.raw = j;
   return v;
 }
@@ -331,13 +332,23 @@ StatusOr<std::vector<WriteChecksum>> ControllerClient::FetchChecksums(uint64_t v
 }
 
 StatusOr<VersionStatus> ControllerClient::WaitVersion(uint64_t version, Clock::time_point deadline) {
+  return WaitVersionUntil(version, deadline, false);
+}
+
+StatusOr<VersionStatus> ControllerClient::WaitVersionLanded(uint64_t version, Clock::time_point deadline) {
+  return WaitVersionUntil(version, deadline, true);
+}
+
+StatusOr<VersionStatus> ControllerClient::WaitVersionUntil(uint64_t version, Clock::time_point deadline, bool landed) {
   while (true) {
     const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
-    StatusOr<json> j = SendJson(
-        "GET", "/v1/versions/" + std::to_string(version) + "?wait_ms=" + std::to_string(wait.count()), nullptr, wait);
+    StatusOr<json> j = SendJson("GET",
+                                "/v1/versions/" + std::to_string(version) + "?wait_ms=" + std::to_string(wait.count()) +
+                                    (landed ? "&until=landed" : ""),
+                                nullptr, wait);
     if (j.ok()) {
       WSYNC_ASSIGN_OR_RETURN(VersionStatus v, ParseVersionStatus(*j));
-      if (v.finished()) return v;
+      if (v.finished() || (landed && v.landed)) return v;
       if (Clock::now() >= deadline)
         return DeadlineExceeded("version " + std::to_string(version) + " still " + v.state +
                                 " at the deadline: " + j->dump());

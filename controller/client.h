@@ -62,6 +62,7 @@ struct VersionStatus {
   double seconds = 0;  // start to finish, once finished
   nlohmann::json raw;
 
+  bool landed = false;  // every inference rank done (shadow ranks copy it out next)
   bool complete() const { return state == "complete"; }
   bool failed() const { return state == "failed"; }
   bool finished() const { return complete() || failed(); }
@@ -139,6 +140,9 @@ class ControllerClient {
   // check failed()), or `deadline` (DeadlineExceeded). A version not yet
   // started is waited for too.
   StatusOr<VersionStatus> WaitVersion(uint64_t version, Clock::time_point deadline);
+  // The same, also answering once the version has landed (every inference
+  // rank done; shadow ranks then copy it out): check `landed`.
+  StatusOr<VersionStatus> WaitVersionLanded(uint64_t version, Clock::time_point deadline);
 
   // Liveness: once a rank has sent one, the controller expects one at least
   // every heartbeat_timeout_s (default 10 s) and otherwise fails the
@@ -168,6 +172,7 @@ class ControllerClient {
                                     std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
   Status ErrorFrom(const std::string& method, const std::string& path, const Reply& reply) const;
   StatusOr<VersionStatus> VersionCall(uint64_t version, const std::string& action, const nlohmann::json& body);
+  StatusOr<VersionStatus> WaitVersionUntil(uint64_t version, Clock::time_point deadline, bool landed);
 
   std::string host_;
   int port_;

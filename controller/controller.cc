@@ -337,7 +337,6 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
     // executor at the new epoch) before the next version, together.
     return NewEpochLocked(Role::kTrainer, rank, std::nullopt);
   }
-  versions_.DropCommitter(rank);  // an inference rank's old process commits nothing any more
   Log(std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again (same metadata)");
   return RegisterReplyLocked(role, rank);
 }
@@ -350,7 +349,6 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
     plan->inference_json = std::move(inference->second);
   }
   const uint64_t epoch = epoch_ + 1;
-  if (role == Role::kInference) versions_.DropCommitter(rank);
   PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
                            ToJson(options_.mapping), plan->plan_id, epoch};
   // Persist first: a restarted controller must serve what agents now hold.
@@ -657,23 +655,12 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
   // thread meanwhile.
   if (versions_.Find(v) == nullptr) {
     for (const auto& [u, rec] : versions_.records()) {
-      if (u >= v) continue;
-      if (!rec.finished()) {
-        return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
-                           " has not finished; trainer rank " + std::to_string(rank) + " starts version " +
-                           std::to_string(v) + " once it has");
-      }
-      // Shadow mode: v's writes would land in a shadow still being copied
-      // into the engine's weights. A lost rank copies nothing any more, and
-      // nobody copies out a version that failed.
-      if (rec.state != VersionState::kComplete) continue;
-      for (int32_t i : rec.committing) {
-        if (lost_.count({Role::kInference, i}) != 0) continue;
-        return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
-                           " is complete but inference rank " + std::to_string(i) +
-                           " is still copying it out of its shadow; trainer rank " + std::to_string(rank) +
-                           " starts version " + std::to_string(v) + " once it has");
-      }
+      if (u >= v || rec.finished()) continue;
+      return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
+                         " has not finished" +
+                         (rec.landed ? " (shadow inference ranks are copying it out)" : std::string()) +
+                         "; trainer rank " + std::to_string(rank) + " starts version " + std::to_string(v) +
+                         " once it has");
     }
   }
   const bool known = versions_.Find(v) != nullptr;
@@ -710,7 +697,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
                                                 : versions_.InferenceDone(v, rank, ok, error, now, commit));
   VersionFinishedLocked(was_finished, *r);
-  cv_.notify_all();  // VersionChecksums waits for every trainer's report
+  cv_.notify_all();  // VersionChecksums waits for every trainer's report, shadow ranks for `landed`
   return r->ToJson(now);
 }
 
@@ -720,8 +707,10 @@ StatusOr<json> Controller::ReportCommitted(uint64_t v, int32_t rank) {
   TickLocked(now);
   WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kInference, rank));
   SeenLocked(Role::kInference, rank, now);
-  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Committed(v, rank));
-  if (r->committing.empty()) Log("version " + std::to_string(v) + " committed on every shadow inference rank");
+  const VersionRecord* before = versions_.Find(v);
+  const bool was_finished = before && before->finished();
+  WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Committed(v, rank, now));
+  VersionFinishedLocked(was_finished, *r);
   return r->ToJson(now);
 }
 
@@ -739,7 +728,7 @@ StatusOr<json> Controller::ReportFailure(uint64_t v, Role role, int32_t rank, co
   return r->ToJson(now);
 }
 
-StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait) {
+StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait, bool until_landed) {
   std::unique_lock<std::mutex> lock(mu_);
   const Clock::time_point until = Clock::now() + wait;
   while (true) {
@@ -747,7 +736,7 @@ StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait) {
     TickLocked(now);
     const VersionRecord* r = versions_.Find(v);
     if (!r) return NotFound("version " + std::to_string(v) + " was never started (or is too old to be kept)");
-    if (r->finished() || now >= until || shutdown_) return r->ToJson(now);
+    if (r->finished() || (until_landed && r->landed) || now >= until || shutdown_) return r->ToJson(now);
     // Wake at the version's deadline too, so expiry is seen while waiting.
     cv_.wait_until(lock, std::min(until, r->deadline + std::chrono::milliseconds(1)));
   }

@@ -99,18 +99,19 @@ class Controller {
   // (kOlderRunningPrefix): one version in flight.
   StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank, uint64_t epoch = 0);
   // `stats` (trainer only): the executor's report, shown in the version object.
-  // `commit` (inference only): the rank is in shadow mode and copies v into
-  // its engine's weights once v is complete (ReportCommitted); until every
-  // such rank did, or is lost or registered again, the next version's start
-  // is refused with Unavailable (kOlderRunningPrefix).
+  // `commit` (inference only): the rank is in shadow mode. Once every rank
+  // is done, v has `landed` and each such rank copies it into its engine's
+  // weights (ReportCommitted); v is complete when the last one has, and
+  // fails if one of them is lost or registers again first.
   StatusOr<nlohmann::json> ReportDone(uint64_t v, Role role, int32_t rank, bool ok,
                                       const std::string& error, const nlohmann::json& stats = nullptr,
                                       bool commit = false);
   StatusOr<nlohmann::json> ReportCommitted(uint64_t v, int32_t rank);
   StatusOr<nlohmann::json> ReportFailure(uint64_t v, Role role, int32_t rank,
                                          const std::string& error);
-  // Waits up to `wait` for the version to finish. NotFound if never seen.
-  StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait);
+  // Waits up to `wait` for the version to finish (or, with `until_landed`,
+  // to land: shadow ranks wait for that to copy it out). NotFound if never seen.
+  StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait, bool until_landed = false);
   // The checksums of every write inference rank `rank` receives in `v`, as
   // the trainers sent them, once every trainer rank reported done (waits up
   // to `wait` for that): {"version", "rank", "state", "checksums": {"<region>":

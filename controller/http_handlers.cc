@@ -146,9 +146,12 @@ StatusOr<json> HandleGetChecksums(Controller& c, const std::string& version, con
   return c.VersionChecksums(v, static_cast<int32_t>(rank), wait);
 }
 
-StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait) {
+StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait,
+                                const std::string& until) {
   WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
-  return c.GetVersion(v, wait);
+  if (!until.empty() && until != "landed")
+    return InvalidArgument("/v1/versions/" + version + ": 'until' must be 'landed' (or absent: finished)");
+  return c.GetVersion(v, wait, until == "landed");
 }
 
 }  // namespace wsync::controller

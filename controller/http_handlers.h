@@ -55,7 +55,8 @@ StatusOr<nlohmann::json> HandleVersionReport(Controller& c, const std::string& v
 StatusOr<nlohmann::json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank,
                                             std::chrono::milliseconds wait);
 // GET /v1/versions/<v>
+// (`until`: "landed" also answers once the version has landed.)
 StatusOr<nlohmann::json> HandleGetVersion(Controller& c, const std::string& version,
-                                          std::chrono::milliseconds wait);
+                                          std::chrono::milliseconds wait, const std::string& until = "");
 
 }  // namespace wsync::controller

@@ -204,7 +204,7 @@ void HttpServer::InstallRoutes() {
                                  WaitParam(Param(req, "wait_ms"), 0)));
   });
   s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
-    Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0)));
+    Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0), req.get_param_value("until")));
   });
 
   s.Get("/v1/status", [c](const httplib::Request& req, httplib::Response& res) {

@@ -70,7 +70,9 @@ int Controller::FailVersionsOfLostLocked(Role role, int32_t rank, const std::str
   for (const auto& [v, r] : versions_.records()) {
     if (r.state == VersionState::kComplete) continue;
     if (r.finished() && r.finished_unix < quiet_since_unix) continue;
-    const bool done = role == Role::kTrainer ? r.trainer_done.count(rank) > 0 : r.inference_done.count(rank) > 0;
+    // A shadow rank still to copy the version out has not finished it.
+    const bool done = role == Role::kTrainer ? r.trainer_done.count(rank) > 0
+                                             : r.inference_done.count(rank) > 0 && r.committing.count(rank) == 0;
     if (!done) doomed.push_back(v);
   }
   for (uint64_t v : doomed) {

@@ -70,6 +70,7 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
                       {"failures", std::move(failures_json)}};
   if (!checksum_trainers.empty()) j["checksums_from"] = checksum_trainers;
   if (!committing.empty()) j["committing"] = committing;
+  if (landed) j["landed"] = true;
   if (!trainer_stats.empty()) {
     nlohmann::json stats = nlohmann::json::object();
     for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
@@ -151,18 +152,30 @@ StatusOr<const VersionRecord*> VersionTracker::TrainerDone(uint64_t v, int32_t r
   return static_cast<const VersionRecord*>(r);
 }
 
-StatusOr<const VersionRecord*> VersionTracker::Committed(uint64_t v, int32_t rank) {
+StatusOr<const VersionRecord*> VersionTracker::Committed(uint64_t v, int32_t rank, Clock::time_point now) {
   auto it = records_.find(v);
   if (it == records_.end()) return NotFound("version " + std::to_string(v) + " is not known (or too old to be kept)");
-  if (it->second.state != VersionState::kComplete)
-    return FailedPrecondition("version " + std::to_string(v) + " is " + VersionStateName(it->second.state) +
-                              ": only a complete version is committed");
-  it->second.committing.erase(rank);
-  return static_cast<const VersionRecord*>(&it->second);
+  VersionRecord* r = &it->second;
+  if (r->state != VersionState::kStarted || !r->landed || r->committing.count(rank) == 0)
+    return FailedPrecondition("version " + std::to_string(v) + " is " + VersionStateName(r->state) +
+                              (r->landed ? "" : ", not landed everywhere,") + " and inference rank " +
+                              std::to_string(rank) + " has nothing of it to commit");
+  r->committing.erase(rank);
+  MaybeComplete(r, now);
+  return static_cast<const VersionRecord*>(r);
 }
 
-void VersionTracker::DropCommitter(int32_t rank) {
-  for (auto& [v, r] : records_) r.committing.erase(rank);
+void VersionTracker::MaybeComplete(VersionRecord* r, Clock::time_point now) {
+  if (r->state != VersionState::kStarted || static_cast<int32_t>(r->inference_done.size()) != inference_) return;
+  r->landed = true;
+  if (!r->committing.empty()) return;  // shadow ranks copy it out first
+  // Deadlines are enforced here too, not only by the ticker: a report that
+  // arrives after the deadline must not complete the version.
+  if (now > r->deadline) {
+    ExpireOverdue(now);
+  } else {
+    Finish(r, VersionState::kComplete, now);
+  }
 }
 
 StatusOr<const VersionRecord*> VersionTracker::InferenceDone(uint64_t v, int32_t rank, bool ok,
@@ -171,17 +184,8 @@ StatusOr<const VersionRecord*> VersionTracker::InferenceDone(uint64_t v, int32_t
   WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
   if (!ok) return Fail(v, "inference", rank, error.empty() ? "reported not ok" : error, now);
   r->inference_done.insert(rank);
-  if (commit) r->committing.insert(rank);
-  if (r->state == VersionState::kStarted &&
-      static_cast<int32_t>(r->inference_done.size()) == inference_) {
-    // Deadlines are enforced here too, not only by the ticker: a report that
-    // arrives after the deadline must not complete the version.
-    if (now > r->deadline) {
-      ExpireOverdue(now);
-    } else {
-      Finish(r, VersionState::kComplete, now);
-    }
-  }
+  if (commit && r->state == VersionState::kStarted) r->committing.insert(rank);
+  MaybeComplete(r, now);
   return static_cast<const VersionRecord*>(r);
 }
 
@@ -208,7 +212,10 @@ std::vector<const VersionRecord*> VersionTracker::ExpireOverdue(Clock::time_poin
     r.failures.push_back(
         {"controller", -1,
          "deadline of " + std::string(limit) + " s passed; inference ranks not done " +
-             Ranks(waiting) + ", trainer ranks not done " + Ranks(trainers_waiting)});
+             Ranks(waiting) + ", trainer ranks not done " + Ranks(trainers_waiting) +
+             (r.committing.empty() ? std::string()
+                                   : ", inference ranks not committed (shadow) " +
+                                         Ranks(std::vector<int32_t>(r.committing.begin(), r.committing.end())))});
     Finish(&r, VersionState::kFailed, now);
     expired.push_back(&r);
   }

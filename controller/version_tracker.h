@@ -49,11 +49,14 @@ struct VersionRecord {
   // [[offset, bytes, "<hash>"], ...]}. `checksum_trainers`: who sent any.
   std::map<int32_t, nlohmann::json> checksums;
   std::set<int32_t> checksum_trainers;
-  // Inference ranks in shadow mode that reported done and, once the version
-  // is complete, copy it from their shadow into the engine's weights; they
-  // leave the set with inference_committed. The next version starts only
-  // after (Controller::StartVersion): its writes land in that shadow.
+  // Shadow mode's two phases: inference ranks that reported done with
+  // `commit` hold the version in their shadow. Once every rank is done the
+  // version has `landed`: each such rank then copies it out into its
+  // engine's weights and leaves `committing` (inference_committed); the
+  // version is complete when the last one has. A committing rank that is
+  // lost or registers again fails it.
   std::set<int32_t> committing;
+  bool landed = false;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
@@ -77,10 +80,9 @@ class VersionTracker {
   // `commit`: the rank is in shadow mode (VersionRecord::committing).
   StatusOr<const VersionRecord*> InferenceDone(uint64_t v, int32_t rank, bool ok,
                                                const std::string& error, Clock::time_point now, bool commit = false);
-  // A shadow rank copied complete version v into its engine's weights.
-  StatusOr<const VersionRecord*> Committed(uint64_t v, int32_t rank);
-  // The rank's process is gone (it registered again): it commits nothing.
-  void DropCommitter(int32_t rank);
+  // A shadow rank copied landed version v into its engine's weights;
+  // FailedPrecondition unless v has landed and is still running.
+  StatusOr<const VersionRecord*> Committed(uint64_t v, int32_t rank, Clock::time_point now);
   StatusOr<const VersionRecord*> Fail(uint64_t v, const std::string& role, int32_t rank,
                                       const std::string& error, Clock::time_point now);
 
@@ -104,6 +106,8 @@ class VersionTracker {
  private:
   StatusOr<VersionRecord*> GetOrStart(uint64_t v, Clock::time_point now, bool explicit_start);
   void Finish(VersionRecord* r, VersionState state, Clock::time_point now);
+  // Completes r once every inference rank is done and none is committing.
+  void MaybeComplete(VersionRecord* r, Clock::time_point now);
   void Prune();
 
   int32_t trainers_;

@@ -176,7 +176,7 @@ bool InferenceAgent::AbandonVersion(uint64_t v, const std::string& why) {
     if (begun_.count(v) == 0 || finished_.count(v) != 0) return false;
     if (!abandoned_.emplace(v, why).second) return false;
   }
-  memory_->MarkFailed(v);
+  MarkFailedHere(v);
   Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) +
       ": failed elsewhere (" + why + "); it will not be marked complete here");
   return true;
@@ -217,7 +217,7 @@ void InferenceAgent::OnVersionDone(uint64_t v, Clock::time_point begun, const St
     line += ": complete, " + std::to_string(out.expected) + " immediates in " + Fixed3(out.seconds) + " s";
     if (!moved) line += " (older than the current complete version, which stays)";
   } else {
-    if (!abandoned) memory_->MarkFailed(v);
+    if (!abandoned) MarkFailedHere(v);
     out.status = status.WithContext("inference rank " + std::to_string(rank_.rank) + ": version " +
                                     std::to_string(v) + " failed");
     line += ": failed: " + status.ToString();
@@ -302,6 +302,7 @@ Status InferenceAgent::Commit(uint64_t v) {
     });
     std::map<std::string, size_t> index;
     for (size_t i = 0; i < memory_->regions().size(); ++i) index[memory_->regions()[i].id] = i;
+    memory_->MarkCommitting(v);
     uint64_t bytes = 0;
     for (size_t i = 0; i < writes.size();) {
       uint64_t end = writes[i].offset + writes[i].bytes;
@@ -324,8 +325,18 @@ Status InferenceAgent::Commit(uint64_t v) {
   return Status::Ok();
 }
 
+void InferenceAgent::MarkFailedHere(uint64_t v) {
+  // In shadow mode the engine's weights were not touched (unless a commit
+  // started, which marked them itself).
+  if (options_.shadow != nullptr) {
+    memory_->MarkNotApplied(v);
+  } else {
+    memory_->MarkFailed(v);
+  }
+}
+
 void InferenceAgent::Reject(uint64_t v, const Status& why) {
-  memory_->MarkFailed(v);
+  MarkFailedHere(v);
   Log("inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v) + ": not complete: " +
       why.ToString());
 }

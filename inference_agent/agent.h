@@ -121,6 +121,10 @@ class InferenceAgent {
   Status Commit(uint64_t v);
   // A held version that will not be complete here (`why`).
   void Reject(uint64_t v, const Status& why);
+  // v failed before this rank began it (some of its writes may have
+  // landed): the engine hears of it (WeightMemory::MarkFailed; in shadow
+  // mode MarkNotApplied).
+  void MarkFailedHere(uint64_t v);
   bool shadowed() const { return options_.shadow != nullptr; }
 
   // Outcomes in the order they happened, waiting up to `wait` for the first.

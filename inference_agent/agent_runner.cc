@@ -104,7 +104,7 @@ class Runner {
       if (v->finished()) {
         // Failed before this rank heard of it: nothing to wait for, but some
         // of its writes may have landed, so the engine must hear of it.
-        if (v->failed()) agent_.memory().MarkFailed(v->version);
+        if (v->failed()) agent_.MarkFailedHere(v->version);
         Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller (" +
             FailureSummary(*v) + "); not expecting it");
         ignored_.insert(v->version);
@@ -148,26 +148,32 @@ class Runner {
     }
     if (!agent_.shadowed()) return Send(out.version, s, false);
     // Shadow mode: done here, but the engine's weights change only once the
-    // version is complete everywhere; the controller holds the next version
-    // until this rank says it copied this one out.
+    // version has landed on every rank; it is complete once every shadow
+    // rank has copied it out.
     Send(out.version, Status::Ok(), /*commit=*/true);
-    // Until it finishes, through a controller restart (short waits, so a
-    // stop is noticed).
+    // Until it lands or fails, through a controller restart (short waits,
+    // so a stop is noticed).
     StatusOr<controller::VersionStatus> end = Aborted(where_ + ": stopped before version " +
                                                       std::to_string(out.version) + " finished");
     while (!stopped()) {
-      end = client_.WaitVersion(out.version, Clock::now() + std::chrono::seconds(1));
+      end = client_.WaitVersionLanded(out.version, Clock::now() + std::chrono::seconds(1));
       const StatusCode code = end.ok() ? StatusCode::kOk : end.status().code();
       if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kUnavailable) break;
     }
-    if (!end.ok() || end->failed()) {
+    if (!end.ok() || !end->landed || end->failed()) {
       agent_.Reject(out.version, end.ok() ? Aborted("failed at the controller: " + FailureSummary(*end) +
                                                     "; the engine's weights stay at the last complete version")
                                           : end.status());
       return;
     }
     s = agent_.Commit(out.version);
-    if (!s.ok()) agent_.Reject(out.version, s);
+    if (!s.ok()) {
+      agent_.Reject(out.version, s);
+      StatusOr<controller::VersionStatus> failed =
+          client_.ReportFailure(out.version, controller::Role::kInference, agent_.rank().rank, s.message());
+      if (!failed.ok()) Log("reporting version " + std::to_string(out.version) + " failed: " + failed.status().message());
+      return;
+    }
     StatusOr<controller::VersionStatus> reply = client_.ReportCommitted(out.version, agent_.rank().rank);
     if (!reply.ok()) Log("reporting the commit of version " + std::to_string(out.version) + " failed: " +
                          reply.status().message());

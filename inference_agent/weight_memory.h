@@ -42,6 +42,16 @@ class WeightMemory {
   // False (and nothing moves) for a v older than the current complete one.
   virtual bool MarkComplete(uint64_t v) = 0;
   virtual void MarkFailed(uint64_t v) = 0;
+  // Shadow mode, just before v is copied in: until MarkComplete(v) the
+  // weights are neither the last complete version nor v. By default the
+  // failed word says so (an engine process that outlives an agent killed
+  // mid-copy sees them as mixed); an owner whose engine shares the agent's
+  // process (it dies with it) need not.
+  virtual void MarkCommitting(uint64_t v) { MarkFailed(v); }
+  // Shadow mode: v failed without touching these weights, which stay at the
+  // last complete version. By default nothing changes (the failed word would
+  // tell the engine they are mixed); an owner with waiters wakes them.
+  virtual void MarkNotApplied(uint64_t) {}
   // Copies `bytes` at `offset` of region `r` (one of regions()) to the host,
   // for checksums. Host regions are read in place; an owner of device
   // memory overrides this (Unimplemented otherwise).

@@ -52,6 +52,10 @@ class InProcessWeights : public inference::WeightMemory {
   uint64_t failed_version() const override { return failed_.load(std::memory_order_acquire); }
   bool MarkComplete(uint64_t v) override;
   void MarkFailed(uint64_t v) override;
+  // The engine is this process: an agent killed mid-copy takes it along.
+  void MarkCommitting(uint64_t) override {}
+  // wait_version() must hear that v failed; its message says the tensors stayed.
+  void MarkNotApplied(uint64_t v) override { MarkFailed(v); }
   // CUDA tensors are read back through ATen on their device.
   Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const override;
   // Until complete_version() or failed_version() reaches v, Stop(), or

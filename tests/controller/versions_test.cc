@@ -319,38 +319,42 @@ TEST_F(ControllerTest, ChecksumsAreServedPerInferenceRankOnceEveryTrainerReporte
   EXPECT_EQ(client_->FetchChecksums(1, 7, In(1)).status().code(), StatusCode::kInvalidArgument);
 }
 
-// Shadow mode's commit rule: a complete version whose shadow ranks are
-// still copying it into their engines holds the next version's start (its
-// writes would land in that shadow); each rank's commit releases it, and a
-// rank that registers again (its process gone) commits nothing.
-TEST_F(ControllerTest, NextVersionWaitsUntilEveryShadowRankCommittedThePrevious) {
+// Shadow mode's two phases: once every inference rank is done the version
+// has landed, but it is complete only when every shadow rank has copied it
+// into its engine (committed); until then it runs, and holds the next one.
+TEST_F(ControllerTest, AShadowVersionIsCompleteOnceEveryShadowRankCommittedIt) {
   StartServer();
   RegisterAll();
   ASSERT_EQ(world_.inference_ranks(), 2);
   ASSERT_TRUE(client_->StartVersion(1, 0).ok());
   for (int t = 0; t < world_.trainers(); ++t) ASSERT_TRUE(client_->ReportTrainerDone(1, t, Status::Ok()).ok());
   ASSERT_TRUE(client_->ReportInferenceDone(1, 0, Status::Ok(), /*commit=*/true).ok());
+  EXPECT_EQ(client_->ReportCommitted(1, 0).status().code(), StatusCode::kFailedPrecondition)
+      << "committed before the version landed everywhere";
   StatusOr<VersionStatus> done = client_->ReportInferenceDone(1, 1, Status::Ok(), /*commit=*/true);
   ASSERT_TRUE(done.ok()) << done.status().ToString();
-  EXPECT_EQ(done->state, "complete");
+  EXPECT_EQ(done->state, "started");
+  EXPECT_TRUE(done->landed);
+  StatusOr<VersionStatus> landed = client_->WaitVersionLanded(1, In(1));
+  ASSERT_TRUE(landed.ok() && landed->landed) << landed.status().ToString();
 
   StatusOr<VersionStatus> early = client_->StartVersion(2, 0);
   ASSERT_EQ(early.status().code(), StatusCode::kUnavailable) << early.status().ToString();
-  EXPECT_NE(early.status().message().find(kOlderRunningPrefix), std::string::npos);
-  EXPECT_NE(early.status().message().find("inference rank 0 is still copying it out of its shadow"),
-            std::string::npos) << early.status().message();
-  ASSERT_TRUE(client_->ReportCommitted(1, 0).ok());
-  early = client_->StartVersion(2, 0);
-  ASSERT_EQ(early.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(early.status().message().find("inference rank 1 is still copying"), std::string::npos);
-  // Rank 1's agent restarted: registered again, it has nothing to commit.
-  ASSERT_TRUE(client_->RegisterInferenceJson(world_.InferenceBody(1)).ok());
+  EXPECT_NE(early.status().message().find("shadow inference ranks are copying it out"), std::string::npos)
+      << early.status().message();
+  StatusOr<VersionStatus> one = client_->ReportCommitted(1, 0);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->state, "started");
+  StatusOr<VersionStatus> both = client_->ReportCommitted(1, 1);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->state, "complete");
   ASSERT_TRUE(client_->StartVersion(2, 0).ok());
 
-  // Only a complete version is committed; a failed one holds nothing back.
-  ASSERT_TRUE(client_->ReportInferenceDone(2, 0, Status::Ok(), /*commit=*/true).ok());
-  ASSERT_TRUE(client_->ReportFailure(2, Role::kTrainer, 0, "diverged").ok());
-  EXPECT_EQ(client_->ReportCommitted(2, 0).status().code(), StatusCode::kFailedPrecondition);
+  // A version that fails while landed is not committed.
+  for (int t = 0; t < world_.trainers(); ++t) ASSERT_TRUE(client_->ReportTrainerDone(2, t, Status::Ok()).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client_->ReportInferenceDone(2, i, Status::Ok(), true).ok());
+  ASSERT_TRUE(client_->ReportFailure(2, Role::kInference, 0, "copy failed").ok());
+  EXPECT_EQ(client_->ReportCommitted(2, 1).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(client_->StartVersion(3, 0).ok());
 }
 
