@@ -99,7 +99,7 @@ def trainer(args):
     params = sum(p.numel() for p in model.parameters())
     print(f"trainer: {params / 1e9:.2f} B parameters on cuda:0 (FSDP2, bf16)", flush=True)
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
-                              timeout_s=args.timeout)
+                              timeout_s=args.timeout, checksums=args.checksums)
     gen = torch.Generator(device="cuda").manual_seed(7)
     updates, replays = [], []
     for v in range(1, args.versions + 1):
@@ -176,7 +176,8 @@ def engine(args):
     layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[args.rank]}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     with wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
-                              layout=layout, timeout_s=args.timeout) as agent:
+                              layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
+                              shadow=args.shadow) as agent:
         print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered", flush=True)
         for v in range(1, args.versions + 1):
             agent.wait_version(v, args.timeout)
@@ -193,6 +194,10 @@ def engine(args):
                 again = tensors[n].cpu()
                 line += (f"\n  {n}: {describe_difference(got[n], want[args.rank][n])}; read again after the check: "
                          f"{'now equal' if torch.equal(again.view(torch.uint8), want[args.rank][n].view(torch.uint8)) else describe_difference(again, want[args.rank][n])}")
+            if args.checksums and not bad:  # on request too, against the engine's tensors
+                t0 = time.perf_counter()
+                agent.verify(v)
+                line += f"; verify() on request: OK in {time.perf_counter() - t0:.3f} s"
             print(line, flush=True)
             with open(os.path.join(args.work, f"engine-{args.rank}-v{v}.{'done' if not bad else 'bad'}"), "w") as f:
                 f.write(line + "\n")
@@ -227,7 +232,8 @@ def job(args):
     address = ctl.stdout.readline().decode().strip()
     print(f"job: controller at {address}; {args.layers} layers of Llama-3-8B, {args.versions} versions", flush=True)
     common = ["--controller", address, "--work", args.work, "--layers", str(args.layers),
-              "--versions", str(args.versions), "--timeout", str(args.timeout)]
+              "--versions", str(args.versions), "--timeout", str(args.timeout),
+              *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
     port = 29500 + secrets.randbelow(1000)
@@ -274,6 +280,9 @@ def main():
     ap.add_argument("--watermark-mb", type=int, default=2048)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="torch.profiler over the trainer's last version")
+    ap.add_argument("--checksums", action="store_true",
+                    help="trainer checksums=True; engines verify_checksums=True and verify() after each version")
+    ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
     args = ap.parse_args()
     if args.role == "job":
         sys.exit(job(args))
