@@ -18,8 +18,11 @@ struct PlanningGate {
   std::shared_future<void> released = release.get_future().share();
   std::atomic<int> passes{0};
 
+  // The hook waits on its own copy of `released`: the pass it holds may
+  // still be inside that wait (TSan saw its read) when the test, released,
+  // has ended and destroyed the gate.
   std::function<void()> Hook() {
-    return [this] {
+    return [this, released = released] {
       if (passes.fetch_add(1) == 0) {
         entered.set_value();
         released.wait();
