@@ -12,6 +12,7 @@ void AddBenchCommand(CLI::App& app) {
   AddBenchTransport(*bench);
   AddBenchCluster(*bench);
   AddBenchController(*bench);
+  AddBenchSigning(*bench);
 }
 
 }  // namespace wsync::cli

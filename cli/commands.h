@@ -26,5 +26,6 @@ void AddBenchPlan(CLI::App& bench);       // cli/bench_plan.cc
 void AddBenchTransport(CLI::App& bench);  // cli/bench_transport.cc
 void AddBenchCluster(CLI::App& bench);    // cli/bench_cluster.cc
 void AddBenchController(CLI::App& bench); // cli/bench_controller.cc
+void AddBenchSigning(CLI::App& bench);    // cli/bench_signing.cc
 
 }  // namespace wsync::cli
