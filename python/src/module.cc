@@ -45,6 +45,17 @@ void Check(const Status& s) {
   if (!s.ok()) Raise(s);
 }
 
+// Runs a blocking call with the GIL released, then raises its error.
+template <typename Fn>
+void CheckWithoutGil(Fn&& fn) {
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = fn();
+  }
+  Check(st);
+}
+
 nlohmann::json ParseJson(const std::string& text, const char* what) {
   try {
     return nlohmann::json::parse(text);
@@ -236,22 +247,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("config_json"), py::arg("regions"), py::arg("shadow"))
       .def("wait_version",
            [](InferenceSession& s, uint64_t v, double timeout_s) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = s.WaitVersion(v, Ms(timeout_s));
-             }
-             Check(st);
+             CheckWithoutGil([&] { return s.WaitVersion(v, Ms(timeout_s)); });
            },
            py::arg("version"), py::arg("timeout_s"))
       .def("verify",
            [](InferenceSession& s, uint64_t v, double timeout_s) {
-             Status st;
-             {
-               py::gil_scoped_release nogil;
-               st = s.Verify(v, Ms(timeout_s));
-             }
-             Check(st);
+             CheckWithoutGil([&] { return s.Verify(v, Ms(timeout_s)); });
            },
            py::arg("version"), py::arg("timeout_s"))
       .def_property_readonly("complete_version", &InferenceSession::complete_version)
