@@ -147,10 +147,14 @@ class Runner {
       return Send(out.version, s, false);
     }
     if (!agent_.shadowed()) return Send(out.version, s, false);
-    // Shadow mode: done here, but the engine's weights change only once the
-    // version has landed on every rank; it is complete once every shadow
-    // rank has copied it out.
     Send(out.version, Status::Ok(), /*commit=*/true);
+    CommitOnceLanded(out);
+  }
+
+  // Shadow mode: done here, but the engine's weights change only once the
+  // version has landed on every rank; it is complete once every shadow rank
+  // has copied it out.
+  void CommitOnceLanded(const VersionOutcome& out) {
     // Until it lands or fails, through a controller restart (short waits,
     // so a stop is noticed).
     StatusOr<controller::VersionStatus> end = Aborted(where_ + ": stopped before version " +
@@ -166,7 +170,7 @@ class Runner {
                                           : end.status());
       return;
     }
-    s = agent_.Commit(out.version);
+    const Status s = agent_.Commit(out.version);
     if (!s.ok()) {
       agent_.Reject(out.version, s);
       StatusOr<controller::VersionStatus> failed =
