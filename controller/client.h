@@ -141,7 +141,8 @@ class ControllerClient {
   // started is waited for too.
   StatusOr<VersionStatus> WaitVersion(uint64_t version, Clock::time_point deadline);
   // The same, also answering once the version has landed (every inference
-  // rank done; shadow ranks then copy it out): check `landed`.
+  // rank done; shadow ranks then copy it out): check `landed`. NotFound at
+  // once for a version the controller does not know.
   StatusOr<VersionStatus> WaitVersionLanded(uint64_t version, Clock::time_point deadline);
 
   // Liveness: once a rank has sent one, the controller expects one at least

@@ -134,6 +134,11 @@ Status Controller::LoadStateLocked() {
   epoch_ = world->epoch;
   WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
   if (v.has_complete) versions_.RestoreLatestComplete(v.latest_complete, v.update_seconds, v.finished_unix);
+  if (v.landed != 0) {
+    versions_.RestoreLanded(v.landed, v.committing, Clock::now());
+    Log("version " + std::to_string(v.landed) + " had landed everywhere before the restart; waiting for " +
+        std::to_string(v.committing.size()) + " shadow inference rank(s) to copy it out");
+  }
   Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(plan_->table.ops.size()) +
       " writes per update); latest complete version: " +
       (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")) + "; epoch " +
@@ -612,6 +617,8 @@ Status Controller::CheckReportLocked(Role role, int32_t rank) const {
 }
 
 void Controller::LogVersionLocked(const VersionRecord& r) {
+  // A shadow version that had landed was persisted as such: it is over now.
+  if (r.landed && r.state == VersionState::kFailed) SaveVersionsLocked();
   if (r.state == VersionState::kComplete) {
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%.3f", r.seconds);
@@ -629,6 +636,10 @@ void Controller::SaveVersionsLocked() {
   v.latest_complete = versions_.latest_complete();
   v.update_seconds = versions_.last_update_seconds();
   if (const VersionRecord* r = versions_.Find(v.latest_complete)) v.finished_unix = r->finished_unix;
+  if (const VersionRecord* r = versions_.Landed()) {
+    v.landed = r->version;
+    v.committing.assign(r->committing.begin(), r->committing.end());
+  }
   Status s = store_.SaveVersions(v);
   if (!s.ok()) Log("cannot persist versions: " + s.message());
 }
@@ -693,9 +704,12 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   SeenLocked(role, rank, now);
   const VersionRecord* before = versions_.Find(v);
   const bool was_finished = before && before->finished();
+  const bool was_landed = before && before->landed;
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
                                                 : versions_.InferenceDone(v, rank, ok, error, now, commit));
+  // Landed and waiting for shadow ranks: a restarted controller must know.
+  if (!was_landed && r->landed && !r->finished()) SaveVersionsLocked();
   VersionFinishedLocked(was_finished, *r);
   cv_.notify_all();  // VersionChecksums waits for every trainer's report, shadow ranks for `landed`
   return r->ToJson(now);
@@ -710,6 +724,7 @@ StatusOr<json> Controller::ReportCommitted(uint64_t v, int32_t rank) {
   const VersionRecord* before = versions_.Find(v);
   const bool was_finished = before && before->finished();
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Committed(v, rank, now));
+  if (!r->finished()) SaveVersionsLocked();  // who is still to commit, for a restart
   VersionFinishedLocked(was_finished, *r);
   return r->ToJson(now);
 }

@@ -120,6 +120,7 @@ Status StateStore::SaveVersions(const PersistedVersions& v) {
             {"latest_complete", v.latest_complete},
             {"update_seconds", v.update_seconds},
             {"finished_unix", v.finished_unix}};
+  if (v.landed != 0) j["landed"] = {{"version", v.landed}, {"committing", v.committing}};
   return WriteJsonFile(j, Path("versions.json"), 1);
 }
 
@@ -142,6 +143,18 @@ StatusOr<PersistedVersions> StateStore::LoadVersions() const {
   v.latest_complete = j->value("latest_complete", uint64_t{0});
   v.update_seconds = j->value("update_seconds", 0.0);
   v.finished_unix = j->value("finished_unix", 0.0);
+  if (j->contains("landed")) {
+    const json& l = (*j)["landed"];
+    const bool ok = l.is_object() && l.value("version", json()).is_number_unsigned() &&
+                    l.value("committing", json()).is_array();
+    bool ranks = ok;
+    if (ok)
+      for (const json& r : l["committing"]) ranks = ranks && r.is_number_integer() && r.get<int64_t>() >= 0 && r.get<int64_t>() <= INT32_MAX;
+    if (!ranks)
+      return InvalidArgument(path + ": 'landed' must be {\"version\": N, \"committing\": [ranks]}; start with a fresh --state-dir");
+    v.landed = l["version"].get<uint64_t>();
+    for (const json& r : l["committing"]) v.committing.push_back(r.get<int32_t>());
+  }
   return v;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +41,11 @@ struct PersistedVersions {
   uint64_t latest_complete = 0;
   double update_seconds = 0;
   double finished_unix = 0;
+  // Shadow mode: a version that landed on every inference rank and waits
+  // for these ranks to copy it out (0: none). A restarted controller must
+  // still hold the next version back until they have.
+  uint64_t landed = 0;
+  std::vector<int32_t> committing;
 };
 
 class StateStore {

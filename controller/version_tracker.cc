@@ -249,6 +249,27 @@ void VersionTracker::Prune() {
   }
 }
 
+void VersionTracker::RestoreLanded(uint64_t v, const std::vector<int32_t>& committing, Clock::time_point now) {
+  if (has_complete_ && v <= latest_complete_) return;
+  VersionRecord& r = records_[v];
+  r.version = v;
+  r.state = VersionState::kStarted;
+  r.start = now;
+  r.deadline = now + timeout_;
+  r.started_unix = UnixNow();
+  for (int32_t i = 0; i < inference_; ++i) r.inference_done.insert(i);
+  for (int32_t i : committing)
+    if (i >= 0 && i < inference_) r.committing.insert(i);
+  r.landed = true;
+  ++started_total_;
+}
+
+const VersionRecord* VersionTracker::Landed() const {
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it)
+    if (it->second.state == VersionState::kStarted && it->second.landed) return &it->second;
+  return nullptr;
+}
+
 void VersionTracker::RestoreLatestComplete(uint64_t v, double seconds, double finished_unix) {
   has_complete_ = true;
   latest_complete_ = v;

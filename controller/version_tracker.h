@@ -94,6 +94,11 @@ class VersionTracker {
 
   // Restores what a restarted controller knows from its state dir.
   void RestoreLatestComplete(uint64_t v, double seconds, double finished_unix);
+  // ... and a shadow version that had landed: running again (a new
+  // deadline), every inference rank done, `committing` still to copy it out.
+  void RestoreLanded(uint64_t v, const std::vector<int32_t>& committing, Clock::time_point now);
+  // The running version that landed and waits for commits, if any.
+  const VersionRecord* Landed() const;
 
   bool has_complete() const { return has_complete_; }
   uint64_t latest_complete() const { return latest_complete_; }

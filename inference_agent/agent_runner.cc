@@ -155,12 +155,20 @@ class Runner {
   // version has landed on every rank; it is complete once every shadow rank
   // has copied it out.
   void CommitOnceLanded(const VersionOutcome& out) {
-    // Until it lands or fails, through a controller restart (short waits,
-    // so a stop is noticed).
+    // Until it lands or fails, through a controller restart (which restores
+    // a landed version from its state dir), within the version's time on
+    // this rank; short waits, so a stop is noticed. Meanwhile this thread
+    // reports nothing else, but no later version can start.
+    const Clock::time_point give_up = Clock::now() + options_.version_timeout;
     StatusOr<controller::VersionStatus> end = Aborted(where_ + ": stopped before version " +
-                                                      std::to_string(out.version) + " finished");
+                                                      std::to_string(out.version) + " landed everywhere");
     while (!stopped()) {
-      end = client_.WaitVersionLanded(out.version, Clock::now() + std::chrono::seconds(1));
+      if (Clock::now() >= give_up) {
+        end = DeadlineExceeded(where_ + ": version " + std::to_string(out.version) + " did not land everywhere in " +
+                               std::to_string(options_.version_timeout.count()) + " ms");
+        break;
+      }
+      end = client_.WaitVersionLanded(out.version, std::min(give_up, Clock::now() + std::chrono::seconds(1)));
       const StatusCode code = end.ok() ? StatusCode::kOk : end.status().code();
       if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kUnavailable) break;
     }

@@ -358,5 +358,34 @@ TEST_F(ControllerTest, AShadowVersionIsCompleteOnceEveryShadowRankCommittedIt) {
   EXPECT_TRUE(client_->StartVersion(3, 0).ok());
 }
 
+// A controller killed while shadow ranks copy a landed version out comes
+// back with it still landed: it holds the next version back, and the
+// ranks' commits complete it (the chaos run found the hang without this).
+TEST_F(ControllerTest, ALandedShadowVersionSurvivesAControllerRestart) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client_->ReportInferenceDone(1, i, Status::Ok(), /*commit=*/true).ok());
+  ASSERT_TRUE(client_->ReportCommitted(1, 0).ok());
+  StopServer();
+  StartServer();
+  StatusOr<VersionStatus> back = client_->WaitVersionLanded(1, In(2));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->state, "started");
+  EXPECT_TRUE(back->landed);
+  EXPECT_EQ(client_->StartVersion(2, 0).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(client_->ReportCommitted(1, 0).status().code(), StatusCode::kFailedPrecondition)
+      << "rank 0 had committed before the restart";
+  StatusOr<VersionStatus> done = client_->ReportCommitted(1, 1);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->state, "complete");
+  // Once complete it is the latest complete one across another restart.
+  StopServer();
+  StartServer();
+  EXPECT_EQ(Status()["latest_complete_version"], 1) << Status().dump();
+  EXPECT_EQ(client_->WaitVersionLanded(7, In(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(client_->StartVersion(2, 0).ok());
+}
+
 }  // namespace
 }  // namespace wsync::controller::testing
