@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <optional>
 
 #include "routing/json_reader.h"
 
@@ -39,6 +40,15 @@ StatusOr<std::string> StringField(const json& body, const char* key, const std::
   if (!body.contains(key)) return fallback;
   if (!body[key].is_string()) return InvalidArgument(where + ": '" + key + "' must be a string");
   return body[key].get<std::string>();
+}
+
+// A rank in a query parameter: decimal, within int32.
+std::optional<int32_t> RankText(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long rank = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(rank);
 }
 
 }  // namespace
@@ -77,12 +87,9 @@ StatusOr<std::shared_ptr<const std::string>> HandlePlanText(Controller& c, const
                                                             const std::string& rank_text,
                                                             std::chrono::milliseconds wait) {
   std::optional<Role> role = ParseRole(role_text);
-  char* end = nullptr;
-  errno = 0;
-  const long rank = std::strtol(rank_text.c_str(), &end, 10);
-  if (!role || rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
-    return InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R");
-  return c.PlanSliceText(*role, static_cast<int32_t>(rank), wait);
+  std::optional<int32_t> rank = RankText(rank_text);
+  if (!role || !rank) return InvalidArgument("/v1/plan needs ?role=trainer|inference&rank=R");
+  return c.PlanSliceText(*role, *rank, wait);
 }
 
 StatusOr<json> HandleHeartbeat(Controller& c, const std::string& path, const std::string& text) {
@@ -138,12 +145,9 @@ StatusOr<json> HandleVersionReport(Controller& c, const std::string& version, co
 StatusOr<json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank_text,
                                   std::chrono::milliseconds wait) {
   WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
-  char* end = nullptr;
-  errno = 0;
-  const long rank = std::strtol(rank_text.c_str(), &end, 10);
-  if (rank_text.empty() || *end != '\0' || errno == ERANGE || rank < INT32_MIN || rank > INT32_MAX)
-    return InvalidArgument("/v1/versions/" + version + "/checksums needs ?rank=R (an inference rank)");
-  return c.VersionChecksums(v, static_cast<int32_t>(rank), wait);
+  std::optional<int32_t> rank = RankText(rank_text);
+  if (!rank) return InvalidArgument("/v1/versions/" + version + "/checksums needs ?rank=R (an inference rank)");
+  return c.VersionChecksums(v, *rank, wait);
 }
 
 StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait,
