@@ -19,6 +19,7 @@ struct Job {
   int32_t mesh_group = -1;
   int32_t layout = -1;   // index into Planner::layouts_
   int32_t klass = -1;    // holder class within that layout
+  int32_t owner = -1;    // class of Planner::shards_ holding most of it before unshard
   int32_t sender = -1;
   std::array<int8_t, kMaxDims> dst_to_src{};
   Box src_box;
@@ -54,6 +55,8 @@ class Planner {
                       const QuantRule* quant, const TensorWhere& where);
   void Assign(const RoutingTable& table);
   void EmitOps(RoutingTable* table);
+  void RecordNeeds(RoutingTable* table) const;
+  int32_t OwnerClass(const Job& job) const;
   void EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Shape& shape,
                 int64_t esize, const Box& sbox, std::vector<WriteOp>* ops) const;
 
@@ -65,6 +68,9 @@ class Planner {
   SourceCatalog catalog_;
   std::vector<int32_t> source_layout_;       // catalog index -> layout
   std::vector<HolderLayout> layouts_;
+  // Per layout, who holds what before unshard; no classes when the plan
+  // all-gathers or unshard changes nothing.
+  std::vector<HolderLayout> shards_;
   std::vector<const QuantRule*> dest_quant_;  // per destination
   std::vector<const InferenceTensor*> dest_tensor_;
   std::vector<int32_t> dest_rank_;
@@ -81,6 +87,7 @@ Status Planner::Run(RoutingTable* table) {
   WSYNC_RETURN_IF_ERROR(BuildJobs(table));
   Assign(*table);
   EmitOps(table);
+  if (opt_.exchange) RecordNeeds(table);
   for (const TrainerRank& r : trainer_.ranks) table->trainer_endpoints.push_back({r.host, r.gpu, r.nic});
   for (const InferenceRank& r : inference_.ranks)
     table->inference_endpoints.push_back({r.host, r.gpu, r.nic});
@@ -145,12 +152,24 @@ Status Planner::BuildSources(RoutingTable* table) {
                                ": tensor '" + p.name + "': mesh group '" + p.mesh_group + "': " +
                                layout.status().message());
       layouts_.push_back(std::move(layout).value());
+      HolderLayout before;
+      if (opt_.exchange) {
+        // With nothing gathered every rank's shard is one box; the layout
+        // fails only where unshard would, which was checked just above.
+        auto shards = ComputeHolderLayout(p.global_shape, meshes[p.mesh], p.placements,
+                                          std::vector<bool>(meshes[p.mesh].shape.size(), false));
+        if (shards.ok() && shards->classes.size() != layouts_.back().classes.size()) before = std::move(*shards);
+      }
+      shards_.push_back(std::move(before));
     }
     source_layout_[i] = it->second;
+    auto by_rank = [](const SourceTensor::Holder& a, const SourceTensor::Holder& b) { return a.rank < b.rank; };
     for (const HolderClass& c : layouts_[it->second].classes)
       for (int32_t r : c.ranks) s.holders.push_back({r, c.box});
-    std::sort(s.holders.begin(), s.holders.end(),
-              [](const SourceTensor::Holder& a, const SourceTensor::Holder& b) { return a.rank < b.rank; });
+    std::sort(s.holders.begin(), s.holders.end(), by_rank);
+    for (const HolderClass& c : shards_[it->second].classes)
+      for (int32_t r : c.ranks) s.shards.push_back({r, c.box});
+    std::sort(s.shards.begin(), s.shards.end(), by_rank);
   }
   return Status::Ok();
 }
@@ -205,11 +224,28 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
   const int snd = seg.src_box.ndim;
   if (seg.src_box.NumElements() == 0) return Status::Ok();
   const HolderLayout& layout = layouts_[source_layout_[seg.source]];
+  const HolderLayout& shards = shards_[source_layout_[seg.source]];
   const TrainerParam& p = *catalog_.params[seg.source];
+  const int nd = static_cast<int>(t.shape.size());
+  // Cut where the holder classes change and, for a planned exchange, where
+  // the trainers' shards do, so each piece has one rank that holds most of
+  // it already. On fp8 block dims a shard cut moves down to its block edge:
+  // a block is quantized whole, on one rank.
+  std::array<std::vector<int64_t>, kMaxDims> all_cuts;
+  for (int d = 0; d < snd; ++d) {
+    all_cuts[d] = layout.cuts[d];
+    if (shards.classes.empty()) continue;
+    int64_t block = 1;
+    for (int k = 0; quant && k < 2; ++k)
+      if (seg.dst_to_src[nd - 2 + k] == d) block = k == 0 ? quant->block_rows : quant->block_cols;
+    for (int64_t c : shards.cuts[d]) all_cuts[d].push_back(c == p.global_shape[d] ? c : c / block * block);
+    std::sort(all_cuts[d].begin(), all_cuts[d].end());
+    all_cuts[d].erase(std::unique(all_cuts[d].begin(), all_cuts[d].end()), all_cuts[d].end());
+  }
   // Per dim: the cut intervals that intersect the box.
   std::array<std::pair<size_t, size_t>, kMaxDims> span{};  // [first, last] interval index
   for (int d = 0; d < snd; ++d) {
-    const std::vector<int64_t>& cuts = layout.cuts[d];
+    const std::vector<int64_t>& cuts = all_cuts[d];
     const int64_t lo = seg.src_box.offset[d], hi = lo + seg.src_box.size[d];
     size_t a = std::upper_bound(cuts.begin(), cuts.end(), lo) - cuts.begin() - 1;
     size_t b = std::lower_bound(cuts.begin(), cuts.end(), hi) - cuts.begin() - 1;
@@ -217,7 +253,6 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
   }
   std::array<size_t, kMaxDims> at{};
   for (int d = 0; d < snd; ++d) at[d] = span[d].first;
-  const int nd = static_cast<int>(t.shape.size());
   while (true) {
     Job job;
     job.src = seg.source;
@@ -228,7 +263,7 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
     job.src_box = seg.src_box;
     job.dst_box = seg.dst_box;
     for (int d = 0; d < snd; ++d) {
-      const std::vector<int64_t>& cuts = layout.cuts[d];
+      const std::vector<int64_t>& cuts = all_cuts[d];
       const int64_t lo = std::max(seg.src_box.offset[d], cuts[at[d]]);
       const int64_t hi = std::min(seg.src_box.offset[d] + seg.src_box.size[d], cuts[at[d] + 1]);
       job.src_box.offset[d] = lo;
@@ -243,6 +278,7 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
     job.klass = layout.FindClass(job.src_box.offset, snd);
     if (job.klass < 0)
       return Internal(where + ": no trainer rank holds part of source '" + p.name + "' after unshard");
+    job.owner = OwnerClass(job);
     uint64_t bytes = static_cast<uint64_t>(job.src_box.NumElements()) *
                      static_cast<uint64_t>(DTypeSize(t.dtype));
     if (quant) {
@@ -301,7 +337,10 @@ void Planner::Assign(const RoutingTable& table) {
     });
     for (uint32_t j : order) {
       Job& job = jobs_[j];
-      const std::vector<int32_t>& cands = layouts_[job.layout].classes[job.klass].ranks;
+      // Prefer the ranks that hold most of the piece before unshard: they
+      // receive the least of it from their peers.
+      const std::vector<int32_t>& cands = job.owner >= 0 ? shards_[job.layout].classes[job.owner].ranks
+                                                         : layouts_[job.layout].classes[job.klass].ranks;
       int32_t best = cands[0];
       uint64_t best_load = rank_load[best] + nic_load[nic_of[best]];
       for (size_t i = 1; i < cands.size(); ++i) {
@@ -317,6 +356,89 @@ void Planner::Assign(const RoutingTable& table) {
       nic_load[nic_of[best]] += job.bytes;
     }
   }
+}
+
+// The shard class that holds the largest part of `job`'s source box before
+// unshard, or -1 without a planned exchange. A piece cut at shard edges lies
+// in one shard; one widened to fp8 block edges spans a few.
+int32_t Planner::OwnerClass(const Job& job) const {
+  const HolderLayout& shards = shards_[job.layout];
+  if (shards.classes.empty()) return -1;
+  const std::vector<int32_t>& holders = layouts_[job.layout].classes[job.klass].ranks;
+  int32_t best = -1;
+  int64_t best_overlap = 0;
+  for (size_t c = 0; c < shards.classes.size(); ++c) {
+    const Box& b = shards.classes[c].box;
+    int64_t overlap = 1;
+    for (int d = 0; d < job.src_box.ndim && overlap > 0; ++d) {
+      const int64_t lo = std::max(b.offset[d], job.src_box.offset[d]);
+      const int64_t hi = std::min(b.offset[d] + b.size[d], job.src_box.offset[d] + job.src_box.size[d]);
+      overlap *= std::max<int64_t>(0, hi - lo);
+    }
+    // A shard's ranks hold the piece after unshard too (they are among the
+    // holder class) unless the shard lies elsewhere; check one to be sure.
+    if (overlap > best_overlap &&
+        std::binary_search(holders.begin(), holders.end(), shards.classes[c].ranks.front())) {
+      best = static_cast<int32_t>(c);
+      best_overlap = overlap;
+    }
+  }
+  return best;
+}
+
+// SourceTensor::needs: per (source, writing rank) the bounding box of what
+// its writes read, in the element grid, fp8 boxes widened to whole blocks
+// (the quantize reads them whole). Ops of one (rank, source) are adjacent.
+void Planner::RecordNeeds(RoutingTable* table) const {
+  const std::vector<WriteOp>& ops = table->ops;
+  for (size_t i = 0; i < ops.size();) {
+    const WriteOp& first = ops[i];
+    SourceTensor& src = table->sources[first.src];
+    const int n = first.src_box.ndim;
+    std::array<int64_t, kMaxDims> lo, hi;
+    lo.fill(INT64_MAX);
+    hi.fill(INT64_MIN);
+    size_t e = i;
+    for (; e < ops.size() && ops[e].src_rank == first.src_rank && ops[e].src == first.src &&
+           ops[e].mesh_group == first.mesh_group;
+         ++e) {
+      const WriteOp& op = ops[e];
+      const DestTensor& dst = table->destinations[op.dst];
+      const bool blocks = op.kind == WriteKind::kScale || dst.dtype == DType::kFP8E4M3;
+      const QuantRule* q = dest_quant_[op.dst];
+      if (blocks && q != nullptr) {
+        src.block_rows = q->block_rows;
+        src.block_cols = q->block_cols;
+      }
+      for (int d = 0; d < n; ++d) {
+        int64_t a = op.src_box.offset[d], b = a + op.src_box.size[d];
+        if (blocks && q != nullptr && d >= n - 2) {
+          const int64_t block = d == n - 2 ? q->block_rows : q->block_cols;
+          if (op.kind == WriteKind::kScale) {
+            a *= block;
+            b *= block;
+          } else {
+            a = a / block * block;
+            b = CeilDiv(b, block) * block;
+          }
+          b = std::min(b, src.global_shape[d]);
+        }
+        lo[d] = std::min(lo[d], a);
+        hi[d] = std::max(hi[d], b);
+      }
+    }
+    Box need;
+    need.ndim = static_cast<int8_t>(n);
+    for (int d = 0; d < n; ++d) {
+      need.offset[d] = lo[d];
+      need.size[d] = hi[d] - lo[d];
+    }
+    if (!src.shards.empty()) src.needs.push_back({first.src_rank, need});
+    i = e;
+  }
+  for (SourceTensor& src : table->sources)
+    std::sort(src.needs.begin(), src.needs.end(),
+              [](const SourceTensor::Holder& a, const SourceTensor::Holder& b) { return a.rank < b.rank; });
 }
 
 void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Shape& shape,

@@ -27,6 +27,12 @@ struct PlanOptions {
   std::string trainer_source = "trainer";
   std::string inference_source = "inference";
   std::string mapping_source = "mapping";
+  // Planned exchange instead of full_tensor: cut each destination piece at
+  // the trainers' shard boundaries (whole fp8 blocks), give it to the rank
+  // that already holds most of it, and record what each writer needs
+  // (SourceTensor::needs), so a rank receives only the rows it writes.
+  // false: every rank of a gather group all-gathers the whole tensor.
+  bool exchange = true;
 };
 
 StatusOr<RoutingTable> Plan(const TrainerSpec& trainer, const InferenceSpec& inference,

@@ -35,6 +35,96 @@ int64_t Linear(const Shape& shape, const std::vector<int64_t>& coord) {
   return idx;
 }
 
+}  // namespace
+
+std::string BoxText(const Box& b) {
+  std::string s = "[";
+  for (int d = 0; d < b.ndim; ++d)
+    s += (d ? ", " : "") + std::to_string(b.offset[d]) + ":" + std::to_string(b.offset[d] + b.size[d]);
+  return s + "]";
+}
+
+namespace {
+
+// `held` covers whole fp8 blocks of the tensor's last two dims: it starts on
+// a block edge and ends on one or at the tensor's end.
+bool WholeBlocks(const Box& held, const Shape& global, int64_t block_rows, int64_t block_cols) {
+  const int n = held.ndim;
+  if (n < 2) return false;
+  for (int k = 0; k < 2; ++k) {
+    const int d = n - 2 + k;
+    const int64_t b = k == 0 ? block_rows : block_cols, end = held.offset[d] + held.size[d];
+    if (held.offset[d] % b != 0 || (end % b != 0 && end != global[d])) return false;
+  }
+  return true;
+}
+
+Rows Intersect(Rows a, Rows b) {
+  const int64_t lo = std::max(a.offset, b.offset), hi = std::min(a.offset + a.size, b.offset + b.size);
+  return hi > lo ? Rows{lo, hi - lo} : Rows{lo, 0};
+}
+
+// Replaces the all-gather of `rs` (rank `rank`'s view of `src`) by the
+// planned exchange: each rank of the gather group receives only the rows its
+// writes read. When no rank needs a row from a peer there is nothing to
+// exchange: every rank writes from its own shard, as if nothing were
+// gathered, provided no shard cuts an fp8 block (the quantize reads blocks
+// whole). Every rank of the group reaches the same decision from the same
+// table, so they all run the exchange collective or all skip it.
+void PlanExchange(const SourceTensor& src, int32_t rank, RankSource* rs) {
+  const int gd = rs->gather_dim;
+  const int n = rs->held.ndim;
+  const Rows held{rs->held.offset[gd], rs->held.size[gd]};
+  const int64_t parts = static_cast<int64_t>(rs->gather_ranks.size());
+  const Rows mine{rs->local.offset[gd], rs->local.size[gd]};
+  const bool quantized = src.block_rows > 0;
+  const int64_t block = !quantized ? 1 : gd == n - 2 ? rs->block_rows : gd == n - 1 ? rs->block_cols : 1;
+  Rows need;
+  bool crosses = false, cuts_blocks = false;
+  std::vector<Rows> recv(parts), send(parts);
+  for (int64_t i = 0; i < parts; ++i) {
+    const Range c = ChunkRange(held.size, parts, i);
+    const Rows chunk{held.offset + c.offset, c.size};
+    const int64_t end = chunk.offset + chunk.size;
+    cuts_blocks = cuts_blocks || (chunk.size > 0 && (chunk.offset % block != 0 ||
+                                                     (end % block != 0 && end != src.global_shape[gd])));
+    const Rows peer_need = ExchangeNeedRows(src, rs->gather_ranks[i], gd, held);
+    crosses = crosses || Intersect(peer_need, chunk).size != peer_need.size;
+    send[i] = Intersect(peer_need, mine);
+    if (rs->gather_ranks[i] == rank) need = peer_need;
+  }
+  if (!crosses && !cuts_blocks) {
+    rs->held = rs->local;
+    rs->gather_dim = -1;
+    rs->gather_ranks.clear();
+    return;
+  }
+  // Rows of gather_dim are contiguous pieces only when every dim before it
+  // is a single index; otherwise all-gather.
+  for (int d = 0; d < gd; ++d)
+    if (rs->held.size[d] != 1) return;
+  for (int64_t i = 0; i < parts; ++i) {
+    const Range c = ChunkRange(held.size, parts, i);
+    const Rows chunk{held.offset + c.offset, c.size};
+    recv[i] = Intersect(need, chunk);
+  }
+  rs->held.offset[gd] = need.size > 0 ? need.offset : held.offset;
+  rs->held.size[gd] = need.size;
+  rs->recv_rows = std::move(recv);
+  rs->send_rows = std::move(send);
+}
+
+}  // namespace
+
+Rows ExchangeNeedRows(const SourceTensor& src, int32_t rank, int dim, Rows held) {
+  auto it = std::lower_bound(src.needs.begin(), src.needs.end(), rank,
+                             [](const SourceTensor::Holder& h, int32_t r) { return h.rank < r; });
+  if (it == src.needs.end() || it->rank != rank) return Rows{held.offset, 0};
+  return Intersect(Rows{it->box.offset[dim], it->box.size[dim]}, held);
+}
+
+namespace {
+
 nlohmann::json BoxJson(const Box& b) {
   return {std::vector<int64_t>(b.offset.begin(), b.offset.begin() + b.ndim),
           std::vector<int64_t>(b.size.begin(), b.size.begin() + b.ndim)};
@@ -192,6 +282,9 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
           rs.gather_ranks.push_back(ranks[Linear(coord->shape, c)]);
         }
       }
+      // A planned exchange (shards recorded); a source nobody writes then
+      // gathers nothing.
+      if (rs.gather_dim >= 0 && !src.shards.empty()) PlanExchange(src, rank, &rs);
       for (const WriteOp* op : ops_by_source[static_cast<int32_t>(s)]) {
         const DestTensor& dst = table.destinations[op->dst];
         RankWrite w;
@@ -203,14 +296,11 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
         w.region_offset = (op->kind == WriteKind::kScale ? dst.scale_where.offset : dst.where.offset) + op->dst_offset;
         w.bytes = op->bytes;
         w.dst_name = op->kind == WriteKind::kScale ? dst.scale_name : dst.name;
-        if (w.kind == WriteKind::kWeight && w.dst_dtype == DType::kFP8E4M3) {
-          const int n = rs.held.ndim;
-          if (n < 2 || rs.held.size[n - 1] != src.global_shape[n - 1] ||
-              rs.held.size[n - 2] != src.global_shape[n - 2]) {
-            return InvalidArgument("tensor '" + src.name +
-                                   "': fp8 blocks need the whole last two dims after unshard, but rank " +
-                                   std::to_string(rank) + " holds only part of them");
-          }
+        if (w.kind == WriteKind::kWeight && w.dst_dtype == DType::kFP8E4M3 &&
+            !WholeBlocks(rs.held, src.global_shape, rs.block_rows, rs.block_cols)) {
+          return InvalidArgument("tensor '" + src.name + "': fp8 blocks need whole " + std::to_string(rs.block_rows) +
+                                 "x" + std::to_string(rs.block_cols) + " blocks of the last two dims after unshard, but rank " +
+                                 std::to_string(rank) + " holds " + BoxText(rs.held));
         }
         plan.write_bytes += w.bytes;
         ++plan.writes;
@@ -230,6 +320,23 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
     plan.peers.push_back(std::move(peer));
   }
   return plan;
+}
+
+StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
+                                                               const InferenceSpec& inference) {
+  std::vector<std::vector<uint32_t>> ops_of(trainer.ranks.size());
+  for (size_t i = 0; i < table.ops.size(); ++i) {
+    const int32_t r = table.ops[i].src_rank;
+    if (r >= 0 && static_cast<size_t>(r) < ops_of.size()) ops_of[r].push_back(static_cast<uint32_t>(i));
+  }
+  std::vector<TrainerRankPlan> plans;
+  plans.reserve(trainer.ranks.size());
+  for (size_t r = 0; r < trainer.ranks.size(); ++r) {
+    WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan,
+                           ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r]));
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
@@ -264,6 +371,14 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
                          {"local", BoxJson(s.local)}, {"held", BoxJson(s.held)},
                          {"gather_dim", s.gather_dim}, {"gather_ranks", s.gather_ranks},
                          {"block", {s.block_rows, s.block_cols}}, {"writes", writes}});
+      if (s.exchange()) {
+        nlohmann::json& j = sources.back();
+        for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
+          nlohmann::json list = nlohmann::json::array();
+          for (const Rows& r : *rows) list.push_back({r.offset, r.size});
+          j[key] = std::move(list);
+        }
+      }
     }
     groups.push_back({{"name", g.name}, {"ranks", g.ranks}, {"sources", sources}});
   }
@@ -311,6 +426,23 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
           return InvalidArgument("rank plan: source '" + s.name + "': 'block' must be [rows, cols]");
         WSYNC_ASSIGN_OR_RETURN(s.block_rows, IntOf<int64_t>(block[0], "block"));
         WSYNC_ASSIGN_OR_RETURN(s.block_cols, IntOf<int64_t>(block[1], "block"));
+        for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
+          auto it = sj.find(key);
+          if (it == sj.end()) continue;
+          if (!it->is_array() || it->size() != s.gather_ranks.size())
+            return InvalidArgument("rank plan: source '" + s.name + "': '" + key +
+                                   "' must list one [begin, rows] per gather rank");
+          for (const auto& rj : *it) {
+            if (!rj.is_array() || rj.size() != 2)
+              return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' entries are [begin, rows]");
+            Rows r;
+            WSYNC_ASSIGN_OR_RETURN(r.offset, IntOf<int64_t>(rj[0], key));
+            WSYNC_ASSIGN_OR_RETURN(r.size, IntOf<int64_t>(rj[1], key));
+            rows->push_back(r);
+          }
+        }
+        if (s.recv_rows.size() != s.send_rows.size())
+          return InvalidArgument("rank plan: source '" + s.name + "': 'recv_rows' and 'send_rows' come together");
         for (const auto& wj : sj.at("writes")) {
           if (!wj.is_array() || wj.size() != 8)
             return InvalidArgument("rank plan: source '" + s.name + "': a write must be [dst_rank, kind, dtype, "

@@ -33,6 +33,13 @@ struct RankWrite {
   std::string dst_name;            // engine tensor name, for error messages
 };
 
+// Rows [offset, offset + size) of one tensor dim.
+struct Rows {
+  int64_t offset = 0;
+  int64_t size = 0;
+  bool operator==(const Rows&) const = default;
+};
+
 struct RankSource {
   std::string name;
   Shape global_shape;
@@ -43,7 +50,16 @@ struct RankSource {
   std::vector<int32_t> gather_ranks; // the all-gather group, in chunk order
   int64_t block_rows = 128;          // fp8 block size, for kScale writes and quantize
   int64_t block_cols = 128;
+  // Planned exchange in place of the all-gather: per gather rank i (same
+  // order as gather_ranks), the rows of gather_dim this rank receives from it
+  // and the rows of its own shard it sends to it (i = its own index: the rows
+  // it keeps). `held` is then only the rows this rank's writes read. Empty:
+  // all-gather the whole of `held`.
+  std::vector<Rows> recv_rows;
+  std::vector<Rows> send_rows;
   std::vector<RankWrite> writes;
+
+  bool exchange() const { return !recv_rows.empty(); }
 };
 
 struct RankMeshGroup {
@@ -84,6 +100,13 @@ struct InferenceRankPlan {
   uint64_t bytes = 0;
 };
 
+// "[lo:hi, ...]" per dim, for messages.
+std::string BoxText(const Box& b);
+
+// The rows of `dim` that `rank` needs of source `src` under a planned
+// exchange (SourceTensor::needs), within `held`; empty if it writes none.
+Rows ExchangeNeedRows(const SourceTensor& src, int32_t rank, int dim, Rows held);
+
 // Extracts rank `rank`'s plan. Fails (one line naming the tensor) if a
 // source needs an all-gather this pipeline cannot do (Shard placements on two
 // gathered mesh dims) or is fp8-quantized without holding whole 2-D blocks.
@@ -94,6 +117,10 @@ struct InferenceRankPlan {
 StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
                                                  const InferenceSpec& inference, int32_t rank,
                                                  const std::vector<uint32_t>* rank_ops = nullptr);
+// Every trainer rank's plan, indexing the table's ops once. Fails like
+// ExtractTrainerRankPlan, on the first rank the pipeline refuses.
+StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
+                                                               const InferenceSpec& inference);
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
                                            const std::vector<uint32_t>* rank_ops = nullptr);
 

@@ -49,6 +49,18 @@ struct SourceTensor {
     Box box;
   };
   std::vector<Holder> holders;
+  // Planned exchange (PlanOptions::exchange): what each rank holds before
+  // unshard (its DTensor local shard), and, per rank that writes part of
+  // this tensor, the bounding box of what its writes read (element grid,
+  // widened to whole fp8 blocks). A rank then receives only that box's rows
+  // from its peers instead of the whole tensor. Both sorted by rank; empty
+  // when the plan all-gathers.
+  std::vector<Holder> shards;
+  std::vector<Holder> needs;
+  // The fp8 blocks some write of it quantizes (rows, cols of the last two
+  // dims); 0 when every write copies. An exchange must not split a block.
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
 };
 
 // One destination tensor on one inference rank (weight and optional scale).

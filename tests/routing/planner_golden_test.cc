@@ -2,11 +2,14 @@
 // exact ops for a few tensors, derived by hand from the layout rules, plus
 // the independent byte-coverage check over the whole plan.
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <gtest/gtest.h>
 
 #include "routing/json_reader.h"
 #include "routing/planner.h"
+#include "routing/rank_plan.h"
 #include "routing/spec_io.h"
 #include "tests/routing/test_specs.h"
 
@@ -20,6 +23,15 @@ struct Tiny {
   InferenceSpec inference;
   MappingSpec mapping;
 };
+
+// These goldens pin the plan of the full_tensor pipeline (every rank of a
+// gather group holds the whole tensor); the planned exchange, which cuts
+// pieces at shard edges, has goldens of its own below.
+PlanOptions AllGather() {
+  PlanOptions o;
+  o.exchange = false;
+  return o;
+}
 
 Tiny LoadTiny() {
   Tiny t;
@@ -93,7 +105,7 @@ TEST(PlannerGoldenTest, WholePlanPassesTheIndependentChecker) {
 
 TEST(PlannerGoldenTest, FusedQkvWithReplicatedKvHeads) {
   Tiny t = LoadTiny();
-  auto table = Plan(t.trainer, t.inference, t.mapping);
+  auto table = Plan(t.trainer, t.inference, t.mapping, AllGather());
   ASSERT_TRUE(table.ok()) << table.status().message();
   // TP 2 on dim 0: q rows [0,128) on rank 0 and [128,256) on rank 1; the one
   // kv head (shards 1) is replicated, so both ranks get all of k and v.
@@ -110,7 +122,7 @@ TEST(PlannerGoldenTest, FusedQkvWithReplicatedKvHeads) {
 
 TEST(PlannerGoldenTest, RowParallelAndFp8ScalesAreOneContiguousWriteEach) {
   Tiny t = LoadTiny();
-  auto table = Plan(t.trainer, t.inference, t.mapping);
+  auto table = Plan(t.trainer, t.inference, t.mapping, AllGather());
   ASSERT_TRUE(table.ok()) << table.status().message();
   // o_proj TP on dim 1: rank 1 holds columns [128, 256) of every row; the
   // destination is the whole local tensor, so one write.
@@ -129,7 +141,7 @@ TEST(PlannerGoldenTest, RowParallelAndFp8ScalesAreOneContiguousWriteEach) {
 
 TEST(PlannerGoldenTest, TiedLmHeadAndUnevenVocabSplit) {
   Tiny t = LoadTiny();
-  auto table = Plan(t.trainer, t.inference, t.mapping);
+  auto table = Plan(t.trainer, t.inference, t.mapping, AllGather());
   ASSERT_TRUE(table.ok()) << table.status().message();
   // 1003 rows over TP 2: 502 + 501.
   std::vector<OpView> want = {{"model.embed_tokens.weight", 'w', {502, 0}, {501, 256}, 0, 501 * 256 * 2}};
@@ -189,7 +201,7 @@ EpCase MakeEpCase(std::vector<Placement> placements) {
 
 TEST(PlannerGoldenTest, ExpertsSpanningTwoEpSlicesAreSplitBetweenTheirHolders) {
   EpCase c = MakeEpCase({Placement::Shard(1), Placement::Shard(0)});
-  auto table = Plan(c.trainer, c.inference, c.mapping);
+  auto table = Plan(c.trainer, c.inference, c.mapping, AllGather());
   ASSERT_TRUE(table.ok()) << table.status().message();
   ASSERT_EQ(table->ops.size(), 2u);
   const WriteOp& a = table->ops[0];
@@ -225,11 +237,103 @@ TEST(PlannerGoldenTest, QkvSendersArePinned) {
   // Regression pin of the balancer's choices for one tensor (greedy
   // largest-first over all 4 ranks, ties to the lowest rank).
   Tiny t = LoadTiny();
-  auto table = Plan(t.trainer, t.inference, t.mapping);
+  auto table = Plan(t.trainer, t.inference, t.mapping, AllGather());
   ASSERT_TRUE(table.ok());
   std::vector<int32_t> senders;
   OpsFor(*table, 0, L0 + "self_attn.qkv_proj.weight", &senders);
   EXPECT_EQ(senders, (std::vector<int32_t>{2, 3, 0}));
+}
+
+// The planned exchange (the default). Tiny's bf16 tensors are FSDP-sharded on
+// dim 0 and every engine tensor's rows fall inside one trainer shard once the
+// planner cuts pieces at shard edges, so no rank needs a peer's rows: those
+// sources gather nothing. down_proj is fp8 (128x128 blocks) while each shard
+// holds 64 rows, so a block's writer must receive the other half of its rows,
+// and only those: whole rows of the row-blocks it writes.
+TEST(PlannerGoldenTest, ExchangeMovesOnlyTheRowsOfTheBlocksEachWriterQuantizes) {
+  Tiny t = LoadTiny();
+  auto table = Plan(t.trainer, t.inference, t.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(testing::CheckPlan(t.trainer, t.inference, *table).error, "");
+  const testing::ExchangeCheck check = testing::CheckExchange(t.trainer, t.inference, *table);
+  ASSERT_EQ(check.error, "");
+  ASSERT_EQ(check.unsupported, "");
+
+  const std::string down = L0 + "mlp.down_proj.weight";  // [256, 512] bf16, rank r holds rows [64r, 64r + 64)
+  const int64_t row_bytes = 512 * 2;
+  // Expected from the ops alone: each writer's row-blocks, less its own rows.
+  std::map<int32_t, std::set<int64_t>> row_blocks;
+  for (const WriteOp& op : table->ops) {
+    if (table->sources[op.src].name != down || op.kind != WriteKind::kWeight) continue;
+    const int64_t lo = op.src_box.offset[0], hi = lo + op.src_box.size[0];
+    EXPECT_EQ(lo % 128, 0);
+    EXPECT_EQ(hi % 128, 0);
+    for (int64_t b = lo / 128; b < hi / 128; ++b) {
+      row_blocks[op.src_rank].insert(b);
+      // The writer holds half of the block already: ranks 2b and 2b + 1.
+      EXPECT_TRUE(op.src_rank == 2 * b || op.src_rank == 2 * b + 1) << "block row " << b << " from rank " << op.src_rank;
+    }
+  }
+  ASSERT_FALSE(row_blocks.empty());
+  uint64_t want = 0;
+  for (const auto& [rank, blocks] : row_blocks) {
+    for (int64_t b : blocks)
+      for (int64_t row = 128 * b; row < 128 * b + 128; ++row)
+        if (row / 64 != rank) want += row_bytes;
+  }
+
+  uint64_t got = 0;
+  for (const TrainerRank& r : t.trainer.ranks) {
+    auto plan = ExtractTrainerRankPlan(*table, t.trainer, t.inference, r.rank);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    for (const RankSource& s : plan->groups.at(0).sources) {
+      if (s.name != L0 + "mlp.down_proj.weight" && s.name != "model.layers.1.mlp.down_proj.weight") {
+        EXPECT_EQ(s.gather_dim, -1) << s.name << " on rank " << r.rank;
+        EXPECT_TRUE(s.held == s.local) << s.name << " on rank " << r.rank;
+        continue;
+      }
+      if (s.name != down) continue;
+      if (!row_blocks.count(r.rank)) {
+        // Writes nothing of it: receives nothing, only sends.
+        if (s.exchange()) {
+          for (size_t i = 0; i < s.recv_rows.size(); ++i)
+            if (s.gather_ranks[i] != r.rank) EXPECT_EQ(s.recv_rows[i].size, 0) << "rank " << r.rank;
+        }
+        continue;
+      }
+      ASSERT_TRUE(s.exchange()) << "rank " << r.rank;
+      for (size_t i = 0; i < s.recv_rows.size(); ++i)
+        if (s.gather_ranks[i] != r.rank) got += static_cast<uint64_t>(s.recv_rows[i].size) * row_bytes;
+    }
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_LT(want, 4u * 192 * row_bytes);  // what full_tensor moves for it: 3/4 of the tensor to each rank
+  EXPECT_LT(check.exchange_bytes, check.full_tensor_bytes / 4);
+}
+
+// Experts [8, 4, 4] with [Shard(1), Shard(0)]: a destination of whole experts
+// cut at the FSDP edge of dim 1 is written piece by piece from the shards as
+// they are; nobody gathers, where full_tensor moved every expert twice.
+TEST(PlannerGoldenTest, BoxesHeldWholeNeedNoExchange) {
+  EpCase c = MakeEpCase({Placement::Shard(1), Placement::Shard(0)});
+  auto table = Plan(c.trainer, c.inference, c.mapping);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(testing::CheckPlan(c.trainer, c.inference, *table).error, "");
+  const testing::ExchangeCheck check = testing::CheckExchange(c.trainer, c.inference, *table);
+  ASSERT_EQ(check.error, "");
+  EXPECT_EQ(check.exchange_bytes, 0u);
+  EXPECT_EQ(check.full_tensor_bytes, 4u * 4 * 2 * 4 * 2);  // each rank: 4 experts x 2 of its 4 rows x 4 x bf16
+  std::set<int32_t> writers;
+  for (const WriteOp& op : table->ops) {
+    writers.insert(op.src_rank);
+    EXPECT_EQ(op.src_box.size[1], 2);  // never across the shard edge
+  }
+  EXPECT_EQ(writers, (std::set<int32_t>{0, 1, 2, 3}));
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    for (const RankSource& s : plan->groups.at(0).sources) EXPECT_EQ(s.gather_dim, -1);
+  }
 }
 
 }  // namespace

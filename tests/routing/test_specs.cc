@@ -257,4 +257,113 @@ CheckResult CheckPlan(const TrainerSpec& trainer, const InferenceSpec& inference
   return res;
 }
 
+ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inference, const RoutingTable& table) {
+  ExchangeCheck res;
+  auto fail = [&](const std::string& m) {
+    if (res.error.empty()) res.error = m;
+  };
+  std::vector<TrainerRankPlan> plans;
+  for (const TrainerRank& r : trainer.ranks) {
+    auto plan = ExtractTrainerRankPlan(table, trainer, inference, r.rank);
+    if (!plan.ok()) {
+      res.unsupported = "rank " + std::to_string(r.rank) + ": " + plan.status().message();
+      return res;
+    }
+    plans.push_back(std::move(plan).value());
+  }
+  auto find_source = [&](int32_t rank, const std::string& group, const std::string& name) -> const RankSource* {
+    for (const RankMeshGroup& g : plans[rank].groups)
+      if (g.name == group)
+        for (const RankSource& s : g.sources)
+          if (s.name == name) return &s;
+    return nullptr;
+  };
+  auto spec_param = [&](int32_t rank, const std::string& name) -> const TrainerParam* {
+    for (const TrainerParam& p : trainer.ranks[rank].params)
+      if (p.name == name) return &p;
+    return nullptr;
+  };
+  for (const TrainerRankPlan& plan : plans) {
+    for (const RankMeshGroup& g : plan.groups) {
+      for (const RankSource& s : g.sources) {
+        const std::string where = "rank " + std::to_string(plan.rank) + " '" + s.name + "'";
+        const TrainerParam* p = spec_param(plan.rank, s.name);
+        if (p == nullptr) {
+          fail(where + ": not in the spec");
+          continue;
+        }
+        const int n = static_cast<int>(p->global_shape.size());
+        int64_t esize = DTypeSize(p->dtype), local_n = esize;
+        for (int d = 0; d < n; ++d) {
+          local_n *= p->local_shape[d];
+          if (s.local.offset[d] != p->local_offset[d] || s.local.size[d] != p->local_shape[d])
+            fail(where + ": local shard differs from the spec's");
+        }
+        const HeldBox h = Held(trainer, plan.rank, s.name);
+        int64_t full_n = esize;
+        for (int d = 0; d < n; ++d) full_n *= h.hi[d] - h.lo[d];
+        res.full_tensor_bytes += static_cast<uint64_t>(full_n - local_n);
+        // Everything the writes read lies in what the rank holds.
+        for (const RankWrite& w : s.writes) {
+          const bool scale = w.kind == WriteKind::kScale, fp8 = scale || w.dst_dtype == DType::kFP8E4M3;
+          for (int d = 0; d < n; ++d) {
+            int64_t lo = w.src_box.offset[d], hi = lo + w.src_box.size[d];
+            if (fp8 && d >= n - 2) {
+              lo = scale ? lo * 128 : lo / 128 * 128;
+              hi = std::min<int64_t>(scale ? hi * 128 : (hi + 127) / 128 * 128, p->global_shape[d]);
+            }
+            if (lo < s.held.offset[d] || hi > s.held.offset[d] + s.held.size[d])
+              fail(where + ": a write reads dim " + std::to_string(d) + " [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + ") outside what the rank holds");
+          }
+        }
+        if (!s.exchange()) {
+          // (Two empty boxes are the same, whatever their offsets.)
+          if (s.gather_dim < 0 && (s.held.NumElements() > 0 || s.local.NumElements() > 0)) {
+            for (int d = 0; d < n; ++d)
+              if (s.held.offset[d] != s.local.offset[d] || s.held.size[d] != s.local.size[d])
+                fail(where + ": holds " + BoxText(s.held) + ", more than its shard " + BoxText(s.local) +
+                     ", without gathering");
+          } else {
+            res.exchange_bytes += static_cast<uint64_t>(full_n - local_n);
+          }
+          continue;
+        }
+        ++res.sources_exchanged;
+        const int gd = s.gather_dim;
+        int64_t inner = esize;
+        for (int d = gd + 1; d < n; ++d) inner *= s.held.size[d];
+        int64_t at = s.held.offset[gd];
+        for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
+          const int32_t peer = s.gather_ranks[i];
+          const Rows& r = s.recv_rows[i];
+          if (r.size > 0 && r.offset != at) fail(where + ": received pieces do not tile the held rows");
+          at += r.size;
+          const RankSource* ps = find_source(peer, g.name, s.name);
+          const TrainerParam* pp = spec_param(peer, s.name);
+          if (ps == nullptr || pp == nullptr || !ps->exchange()) {
+            fail(where + ": peer " + std::to_string(peer) + " does not take part in the exchange");
+            continue;
+          }
+          auto me = std::find(ps->gather_ranks.begin(), ps->gather_ranks.end(), plan.rank);
+          if (me == ps->gather_ranks.end()) {
+            fail(where + ": peer " + std::to_string(peer) + " does not list this rank");
+            continue;
+          }
+          const Rows& sent = ps->send_rows[me - ps->gather_ranks.begin()];
+          if (!(sent == r) && (sent.size != 0 || r.size != 0))
+            fail(where + ": expects rows " + std::to_string(r.offset) + "+" + std::to_string(r.size) + " from rank " +
+                 std::to_string(peer) + ", which sends " + std::to_string(sent.offset) + "+" + std::to_string(sent.size));
+          if (sent.size > 0 && (sent.offset < pp->local_offset[gd] ||
+                                sent.offset + sent.size > pp->local_offset[gd] + pp->local_shape[gd]))
+            fail(where + ": rank " + std::to_string(peer) + " sends rows outside its shard");
+          if (peer != plan.rank) res.exchange_bytes += static_cast<uint64_t>(r.size * inner);
+        }
+        if (at != s.held.offset[gd] + s.held.size[gd]) fail(where + ": received pieces do not cover the held rows");
+      }
+    }
+  }
+  return res;
+}
+
 }  // namespace wsync::testing

@@ -4,6 +4,8 @@
 // on raw bytes, so a bug in the planner cannot hide in its own check.
 #pragma once
 
+#include "routing/rank_plan.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,5 +69,24 @@ struct CheckResult {
 // computed from the specs' local_offset/local_shape.
 CheckResult CheckPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
                       const RoutingTable& table);
+
+// Independent checks of the planned exchange, over every trainer rank's
+// extracted plan: each rank holds after unshard everything its writes read
+// (fp8 boxes widened to whole 128x128 blocks); what rank i expects from rank
+// j is exactly what j sends to i; what a rank sends lies inside its own
+// shard (from the spec's local_offset/local_shape); the received pieces tile
+// the held rows. Also totals what the ranks receive from peers against what
+// full_tensor would have moved to them.
+struct ExchangeCheck {
+  std::string error;  // empty when every check passed
+  // Set when the pipeline refuses the layout (ExtractTrainerRankPlan's own
+  // error, e.g. a tensor sharded on two gathered mesh dims); nothing else
+  // was checked then.
+  std::string unsupported;
+  uint64_t exchange_bytes = 0;
+  uint64_t full_tensor_bytes = 0;
+  int sources_exchanged = 0;  // (rank, source) pairs
+};
+ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inference, const RoutingTable& table);
 
 }  // namespace wsync::testing
