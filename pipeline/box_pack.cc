@@ -136,8 +136,8 @@ void PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, D
 Box HeldScaleGrid(const Box& held) {
   Box grid = held;
   const int n = held.ndim;
-  for (int d = n - 2; d < n; ++d) {
-    grid.offset[d] = 0;
+  for (int d = n - 2; d < n; ++d) {  // held starts on a block edge (the executor checks)
+    grid.offset[d] = held.offset[d] / kFp8BlockSize;
     grid.size[d] = Fp8BlockCount(held.size[d]);
   }
   return grid;

@@ -51,8 +51,9 @@ bool AsPitchedRuns(const Box& box, const Box& held, PitchedRuns* out);
 void PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out);
 
 // The block grid of the fp8 scales of a held tensor: the leading dims as
-// held, the last two counted in 128-blocks of the whole dims (quantization
-// needs the whole last two dims, which the planner guarantees).
+// held, the last two counted in 128-blocks (quantization needs whole blocks:
+// `held` starts on a block edge and ends on one or at the tensor's end,
+// which the planner guarantees and the executor checks).
 Box HeldScaleGrid(const Box& held);
 
 // Quantizes a held bf16 tensor (ndim >= 2, every leading index a separate

@@ -1,6 +1,7 @@
 #include "pipeline/collectives.h"
 
 #include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
@@ -378,6 +379,44 @@ Status GlooGroup::AllGatherShards(const void* shard, void* full,
       }
     }
   }
+  return Status::Ok();
+}
+
+Status GlooGroup::Exchange(const void* input, std::span<const int64_t> send_bytes, void* output,
+                           std::span<const int64_t> recv_bytes) {
+  WSYNC_RETURN_IF_ERROR(CheckUsable("alltoallv"));
+  const std::string what = "gloo alltoallv (group '" + name_ + "' rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size_) + ")";
+  if (send_bytes.size() != static_cast<size_t>(size_) || recv_bytes.size() != static_cast<size_t>(size_)) {
+    return InvalidArgument(what + ": " + std::to_string(send_bytes.size()) + " send and " +
+                           std::to_string(recv_bytes.size()) + " receive sizes for " + std::to_string(size_) + " ranks");
+  }
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (send_bytes[r] < 0 || recv_bytes[r] < 0) return InvalidArgument(what + ": negative piece size");
+    sent += send_bytes[r];
+    received += recv_bytes[r];
+  }
+  if ((input == nullptr && sent > 0) || (output == nullptr && received > 0)) {
+    return InvalidArgument(what + ": null buffer for a non-empty piece");
+  }
+  if (context_ == nullptr) {  // a group of one keeps its own piece
+    if (send_bytes[0] != recv_bytes[0]) return InvalidArgument(what + ": keeps a piece of another size");
+    if (sent > 0) std::memmove(output, input, static_cast<size_t>(sent));
+    return Status::Ok();
+  }
+  // Gloo wants real buffers even for empty pieces.
+  uint8_t none_in = 0, none_out = 0;
+  void* in = sent > 0 ? const_cast<void*>(input) : &none_in;
+  void* out = received > 0 ? output : &none_out;
+  Status s = CallGloo(what, timeout_, [&] {
+    ::gloo::AlltoallvOptions opts(context_);
+    opts.setInput<uint8_t>(static_cast<uint8_t*>(in), std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
+    opts.setOutput<uint8_t>(static_cast<uint8_t*>(out), std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
+    opts.setTimeout(timeout_);
+    ::gloo::alltoallv(opts);
+  });
+  if (!s.ok()) return Poison(s);
   return Status::Ok();
 }
 

@@ -102,6 +102,10 @@ class GlooGroup : public CollectiveGroup {
   Status AllGatherShards(const void* shard, void* full, std::span<const int64_t> full_shape,
                          int dim, DType dtype) override;
 
+  // The planned exchange: gloo alltoallv over the same context.
+  Status Exchange(const void* input, std::span<const int64_t> send_bytes, void* output,
+                  std::span<const int64_t> recv_bytes) override;
+
  private:
   GlooGroup(std::string name, int rank, int size, std::chrono::milliseconds timeout,
             std::shared_ptr<gloo::Context> context);

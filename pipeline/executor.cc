@@ -312,9 +312,22 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
     RecordError(FailedPrecondition(Where(sw) + ": the trainer exports " + std::to_string(bytes) +
                                    " bytes for it, but the plan's local shard " + BoxStr(src.local) + " is " +
                                    std::to_string(sw.local_bytes) + " bytes"));
-    if (!sw.in_place) {  // the all-gather still runs, on zeros
+    if (sw.exchange) {  // the exchange still runs, on zeros
+      Status z = Zero(base + sw.send_at, sw.transient_bytes - sw.send_at);
+      if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
+    } else if (!sw.in_place) {  // the all-gather still runs, on zeros
       Status z = Zero(held + sw.local_at, sw.local_bytes);
       if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
+    }
+  } else if (sw.exchange) {
+    // Each peer's piece of the shard, back to back in group order.
+    uint64_t at = sw.send_at;
+    for (size_t i = 0; i < sw.send_bytes.size(); ++i) {
+      const uint64_t n = static_cast<uint64_t>(sw.send_bytes[i]);
+      if (n == 0) continue;
+      Status c = Copy(base + at, local + sw.send_from[i], n);
+      if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
+      at += n;
     }
   } else if (sw.in_place) {
     quantize_from = local;
@@ -337,8 +350,21 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   t.copy += Since(t0);
   report->copied_bytes += sw.local_bytes;
 
-  // 3. all-gather
-  if (sw.gather_group >= 0) {
+  // 3. unshard: the planned exchange, or the all-gather
+  if (sw.exchange) {
+    t0 = Clock::now();
+    Settle(sw, "copy");
+    Status s = gather_groups[sw.gather_group]->Exchange(base + sw.send_at, sw.send_bytes, held, sw.recv_bytes);
+    t.all_gather += Since(t0);
+    if (!s.ok()) {
+      GiveBack(sw, 0);
+      return s.WithContext(Where(sw) + ": exchange");
+    }
+    const size_t me = static_cast<size_t>(
+        std::find(src.gather_ranks.begin(), src.gather_ranks.end(), plan->rank) - src.gather_ranks.begin());
+    for (size_t i = 0; i < sw.recv_bytes.size(); ++i)
+      if (i != me) report->exchanged_bytes += static_cast<uint64_t>(sw.recv_bytes[i]);
+  } else if (sw.gather_group >= 0) {
     t0 = Clock::now();
     // A device group's collective runs on a stream of its own: the shard
     // copied above must be in place first.
@@ -350,6 +376,7 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
       GiveBack(sw, 0);
       return s.WithContext(Where(sw) + ": all-gather");
     }
+    report->exchanged_bytes += sw.held_bytes - sw.local_bytes;
   }
   report->gathered_bytes += sw.held_bytes;
   if (!sw.in_place && &sw == &work.back()) {
@@ -532,11 +559,13 @@ std::string VersionReport::Summary() const {
   const double gbps = seconds.total > 0 ? static_cast<double>(written_bytes) / seconds.total / 1e9 : 0.0;
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "version %llu: %.3f s, %.1f MiB in %llu writes (%.2f GB/s); copy %.3f, all-gather %.3f, "
+                "version %llu: %.3f s, %.1f MiB in %llu writes (%.2f GB/s); copy %.3f, unshard %.3f "
+                "(%.2f MiB from peers), "
                 "quantize+pack %.3f, post %.3f, watermark wait %.3f (%llu of %llu sources waited), wait writes %.3f, "
                 "barrier %.3f, rendezvous %.3f s; reads done after %.3f s; peak temp %.1f of %.1f MiB",
                 static_cast<unsigned long long>(version), seconds.total, mib,
                 static_cast<unsigned long long>(writes), gbps, seconds.copy, seconds.all_gather,
+                static_cast<double>(exchanged_bytes) / (1 << 20),
                 seconds.quantize_pack, seconds.post, seconds.watermark_wait,
                 static_cast<unsigned long long>(watermark_waits), static_cast<unsigned long long>(sources),
                 seconds.wait_writes, seconds.barrier, seconds.rendezvous,

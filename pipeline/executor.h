@@ -88,7 +88,7 @@ struct ExecutorOptions {
 // Seconds spent per stage in one Run.
 struct StageSeconds {
   double copy = 0;            // local shard -> temporary memory
-  double all_gather = 0;      // Gloo all-gathers (full_tensor)
+  double all_gather = 0;      // unshard: all-gathers (full_tensor) and planned exchanges
   double quantize_pack = 0;   // fp8 quantize + packing boxes into staging
   double post = 0;            // handing writes to the engine
   double watermark_wait = 0;  // waiting for temporary memory
@@ -104,7 +104,8 @@ struct VersionReport {
   StageSeconds seconds;
   double reads_done_after = 0;   // seconds from start until ReadsDone
   uint64_t copied_bytes = 0;     // local shards read
-  uint64_t gathered_bytes = 0;   // held tensors after all-gather
+  uint64_t gathered_bytes = 0;   // held tensors after all-gather or exchange
+  uint64_t exchanged_bytes = 0;  // of those, bytes received from peers (exchange or all-gather)
   uint64_t written_bytes = 0;
   uint64_t writes = 0;
   uint64_t sources = 0;

@@ -69,6 +69,13 @@ struct SourceWork {
   uint64_t local_bytes = 0;
   uint64_t held_bytes = 0;
   uint64_t local_at = 0;  // where the local shard goes inside the held buffer
+  // Planned exchange (RankSource::exchange()): the pieces of the local shard
+  // for each peer, in group order, are copied to `send_at` and exchanged;
+  // what the peers send lands in the held buffer, in group order.
+  bool exchange = false;
+  uint64_t send_at = 0;
+  std::vector<int64_t> send_bytes, recv_bytes;
+  std::vector<uint64_t> send_from;  // each piece's byte offset in the local shard
   bool quantize = false;
   // Quantized straight out of the trainer's shard: nothing to gather and
   // every write fp8 codes or scales, so the chunk has no held part. Where the
@@ -145,6 +152,7 @@ struct PlanExecutor::Impl {
 
   Status Resolve();
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
+  Status ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw);
   Status EnsureGroups(uint64_t version);
   Status CheckVersion(size_t g, uint64_t version);
   // The start and the end of a Run or a replay: the report's fixed fields

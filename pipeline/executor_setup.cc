@@ -24,13 +24,15 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
   sw.held_shape.assign(src.held.size.begin(), src.held.size.begin() + n);
   sw.local_bytes = Elements(src.local) * esize;
   sw.held_bytes = Elements(src.held) * esize;
-  if (!BoxWithin(src.local, src.held)) {
+  if (!src.exchange() && !BoxWithin(src.local, src.held)) {
     return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not inside the held box " +
                            BoxStr(src.held));
   }
 
-  const bool gathers = src.gather_dim >= 0 && src.gather_ranks.size() > 1;
-  if (gathers) {
+  const bool gathers = src.gather_dim >= 0 && src.gather_ranks.size() > 1 && !src.exchange();
+  if (src.exchange()) {
+    WSYNC_RETURN_IF_ERROR(ResolveExchange(src, where, &sw));
+  } else if (gathers) {
     const int gd = src.gather_dim;
     auto me = std::find(src.gather_ranks.begin(), src.gather_ranks.end(), plan->rank);
     if (gd >= n || me == src.gather_ranks.end()) {
@@ -77,7 +79,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     sw.quantize = sw.quantize || fp8;
     all_fp8 = all_fp8 && fp8;
   }
-  if (!gathers && all_fp8) {
+  if (!gathers && !sw.exchange && all_fp8) {
     // Quantized straight from the shard: no held copy to stage.
     sw.in_place = true;
     sw.transient_bytes = 0;
@@ -94,10 +96,12 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
       return InvalidArgument(where + ": fp8 block " + std::to_string(src.block_rows) + "x" +
                              std::to_string(src.block_cols) + " is not supported (128x128 only)");
     }
-    if (src.held.offset[n - 1] != 0 || src.held.offset[n - 2] != 0 || src.held.size[n - 1] != src.global_shape[n - 1] ||
-        src.held.size[n - 2] != src.global_shape[n - 2]) {
-      return InvalidArgument(where + ": fp8 blocks need the whole last two dims, but the rank holds " +
-                             BoxStr(src.held));
+    for (int d = n - 2; d < n; ++d) {
+      const int64_t block = d == n - 2 ? src.block_rows : src.block_cols, end = src.held.offset[d] + src.held.size[d];
+      if (src.held.offset[d] % block != 0 || (end % block != 0 && end != src.global_shape[d])) {
+        return InvalidArgument(where + ": fp8 blocks need whole 128x128 blocks of the last two dims, but the rank holds " +
+                               BoxStr(src.held));
+      }
     }
     grid = HeldScaleGrid(src.held);
     sw.q_at = sw.transient_bytes;
@@ -173,6 +177,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
   sw.need = at;
   // Held whole with nothing to gather and nothing to send from here (a
   // replicated tensor another rank writes): this rank has no work for it.
+  // (An exchange is a collective: every rank of the group takes part.)
   if (sw.gather_group < 0 && sw.writes.empty()) sw.need = sw.transient_bytes = sw.fallback_bytes = 0;
   const uint64_t most = sw.need + sw.fallback_bytes;
   if (most > options.watermark_bytes) {
@@ -182,6 +187,70 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
                            " bytes; raise the watermark to at least " + std::to_string(most));
   }
   work.push_back(std::move(sw));
+  return Status::Ok();
+}
+
+// A planned exchange: the peers' pieces must tile the held rows in group
+// order (they land there back to back), and what this rank sends must lie
+// inside its own shard.
+Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw) {
+  const int n = static_cast<int>(src.global_shape.size());
+  const int gd = src.gather_dim;
+  const size_t parts = src.gather_ranks.size();
+  auto me = std::find(src.gather_ranks.begin(), src.gather_ranks.end(), plan->rank);
+  if (gd < 0 || gd >= n || me == src.gather_ranks.end() || src.recv_rows.size() != parts ||
+      src.send_rows.size() != parts) {
+    return InvalidArgument(where + ": exchange over dim " + std::to_string(gd) + " needs one received and one sent " +
+                           "piece per rank of a group that includes rank " + std::to_string(plan->rank));
+  }
+  int64_t inner = DTypeSize(src.dtype);
+  for (int d = 0; d < n; ++d) {
+    if (d < gd && (src.held.size[d] != 1 || src.local.size[d] != 1)) {
+      return InvalidArgument(where + ": exchange over dim " + std::to_string(gd) + " needs size-1 dims before it");
+    }
+    if (d != gd && (src.local.offset[d] != src.held.offset[d] || src.local.size[d] != src.held.size[d])) {
+      return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " and held rows " + BoxStr(src.held) +
+                             " differ outside the exchanged dim " + std::to_string(gd));
+    }
+    if (d > gd) inner *= src.held.size[d];
+  }
+  const int64_t local_lo = src.local.offset[gd], local_hi = local_lo + src.local.size[gd];
+  int64_t at = src.held.offset[gd], sent = 0;
+  for (size_t i = 0; i < parts; ++i) {
+    const Rows& r = src.recv_rows[i];
+    const Rows& s = src.send_rows[i];
+    if (r.size < 0 || (r.size > 0 && r.offset != at)) {
+      return InvalidArgument(where + ": piece from rank " + std::to_string(src.gather_ranks[i]) + " (rows " +
+                             std::to_string(r.offset) + "+" + std::to_string(r.size) + ") does not follow row " +
+                             std::to_string(at) + " of the held rows " + BoxStr(src.held));
+    }
+    at += r.size;
+    if (s.size < 0 || (s.size > 0 && (s.offset < local_lo || s.offset + s.size > local_hi))) {
+      return InvalidArgument(where + ": piece for rank " + std::to_string(src.gather_ranks[i]) + " (rows " +
+                             std::to_string(s.offset) + "+" + std::to_string(s.size) + ") is outside the local shard " +
+                             BoxStr(src.local));
+    }
+    sw->recv_bytes.push_back(r.size * inner);
+    sw->send_bytes.push_back(s.size * inner);
+    sw->send_from.push_back(static_cast<uint64_t>((s.offset - local_lo) * inner));
+    sent += s.size * inner;
+  }
+  if (at != src.held.offset[gd] + src.held.size[gd]) {
+    return InvalidArgument(where + ": the received pieces end at row " + std::to_string(at) + ", the held rows " +
+                           BoxStr(src.held) + " do not");
+  }
+  const size_t mine = static_cast<size_t>(me - src.gather_ranks.begin());
+  if (sw->recv_bytes[mine] != sw->send_bytes[mine]) {
+    return InvalidArgument(where + ": keeps " + std::to_string(sw->send_bytes[mine]) + " bytes of its shard but places " +
+                           std::to_string(sw->recv_bytes[mine]));
+  }
+  sw->exchange = true;
+  auto found = std::find(gather_sets.begin(), gather_sets.end(), src.gather_ranks);
+  sw->gather_group = static_cast<int>(found - gather_sets.begin());
+  if (found == gather_sets.end()) gather_sets.push_back(src.gather_ranks);
+  sw->send_at = AlignTemp(sw->held_bytes);
+  // At least a little: a rank with nothing to keep or send still takes part.
+  sw->transient_bytes = std::max(sw->send_at + AlignTemp(static_cast<uint64_t>(sent)), AlignTemp(1));
   return Status::Ok();
 }
 

@@ -56,6 +56,16 @@ class CollectiveGroup {
   // full_shape, dim and dtype.
   virtual Status AllGatherShards(const void* shard, void* full, std::span<const int64_t> full_shape, int dim,
                                  DType dtype) = 0;
+
+  // The planned exchange (all-to-all-v, in bytes): `input` holds
+  // send_bytes[i] bytes for the rank of index i, back to back in index
+  // order; `output` receives recv_bytes[i] bytes from each, back to back in
+  // index order (this rank's own piece included, copied locally). Every rank
+  // passes sizes that agree with its peers' (what i sends to j is what j
+  // receives from i). Buffers are where the group's collectives read and
+  // write (host memory for Gloo, the device for NCCL) and do not overlap.
+  virtual Status Exchange(const void* input, std::span<const int64_t> send_bytes, void* output,
+                          std::span<const int64_t> recv_bytes) = 0;
 };
 
 // Makes the executor's groups. `ranks` are global trainer ranks in chunk

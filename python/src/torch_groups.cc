@@ -73,6 +73,62 @@ class TorchGroup : public CollectiveGroup {
     }
   }
 
+  Status Exchange(const void* input, std::span<const int64_t> send_bytes, void* output,
+                  std::span<const int64_t> recv_bytes) override {
+    try {
+      const int parts = size();
+      if (static_cast<int>(send_bytes.size()) != parts || static_cast<int>(recv_bytes.size()) != parts)
+        return InvalidArgument(Where("exchange") + ": one send and one receive size per rank");
+      // torch orders the pieces by group rank, the executor by index.
+      std::vector<int> index_of_group_rank(parts);
+      for (int i = 0; i < parts; ++i) index_of_group_rank[group_rank_of_index_[i]] = i;
+      std::vector<int64_t> send_at(parts + 1, 0), recv_at(parts + 1, 0);  // by index
+      for (int i = 0; i < parts; ++i) {
+        send_at[i + 1] = send_at[i] + send_bytes[i];
+        recv_at[i + 1] = recv_at[i] + recv_bytes[i];
+      }
+      bool identity = true;
+      for (int i = 0; i < parts; ++i) identity = identity && group_rank_of_index_[i] == i;
+      auto view = [&](void* p, int64_t n) { return n > 0 ? Bytes(p, n, device_) : at::empty({0}, ByteOptions(device_)); };
+      std::vector<int64_t> in_splits(parts), out_splits(parts);
+      for (int g = 0; g < parts; ++g) {
+        in_splits[g] = send_bytes[index_of_group_rank[g]];
+        out_splits[g] = recv_bytes[index_of_group_rank[g]];
+      }
+      if (identity) {
+        at::Tensor in = view(const_cast<void*>(input), send_at[parts]);
+        at::Tensor out = view(output, recv_at[parts]);
+        return Call("exchange", [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
+      }
+      at::Tensor in = at::empty({send_at[parts]}, ByteOptions(device_));
+      at::Tensor out = at::empty({recv_at[parts]}, ByteOptions(device_));
+      int64_t at_in = 0;
+      for (int g = 0; g < parts; ++g) {
+        const int i = index_of_group_rank[g];
+        if (send_bytes[i] > 0)
+          CopyBytes(static_cast<uint8_t*>(in.data_ptr()) + at_in, static_cast<const uint8_t*>(input) + send_at[i],
+                    send_bytes[i], device_);
+        at_in += send_bytes[i];
+      }
+      WSYNC_RETURN_IF_ERROR(Call("exchange", [&] { return group_->alltoall_base(out, in, out_splits, in_splits); }));
+      int64_t at_out = 0;
+      for (int g = 0; g < parts; ++g) {
+        const int i = index_of_group_rank[g];
+        if (recv_bytes[i] > 0)
+          CopyBytes(static_cast<uint8_t*>(output) + recv_at[i], static_cast<const uint8_t*>(out.data_ptr()) + at_out,
+                    recv_bytes[i], device_);
+        at_out += recv_bytes[i];
+      }
+      if (!device_.is_cpu()) return Synchronize();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      broken_ = true;
+      std::string m = e.what();
+      m.resize(std::min(m.size(), m.find('\n')));
+      return Internal(Where("exchange") + ": " + m);
+    }
+  }
+
  private:
   // True if torch's CUDA runtime knows `p` as device memory.
   static bool OnDevice(const void* p) {

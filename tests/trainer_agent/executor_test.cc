@@ -311,6 +311,33 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
   for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateExecutor(r, Options(64 << 20)).ok());
   uint64_t plan_bytes = 0;
   for (const TrainerRankPlan& p : fixture_->plans) plan_bytes += p.write_bytes;
+  // What each rank must receive from its peers: in a planned exchange its
+  // rows from each peer, times the bytes of one row of what it holds; in an
+  // all-gather everything it holds but its shard.
+  std::vector<uint64_t> from_peers(kTrainers, 0);
+  uint64_t exchange_pieces = 0;
+  for (int r = 0; r < kTrainers; ++r) {
+    for (const RankMeshGroup& g : fixture_->plans[r].groups) {
+      for (const RankSource& s : g.sources) {
+        const uint64_t esize = DTypeSize(s.dtype);
+        if (!s.exchange()) {
+          if (s.gather_dim >= 0)
+            from_peers[r] += esize * static_cast<uint64_t>(s.held.NumElements() - s.local.NumElements());
+          continue;
+        }
+        uint64_t row = esize;
+        for (int d = s.gather_dim + 1; d < s.held.ndim; ++d) row *= static_cast<uint64_t>(s.held.size[d]);
+        for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
+          if (s.gather_ranks[i] == r) continue;
+          from_peers[r] += row * static_cast<uint64_t>(s.recv_rows[i].size);
+          exchange_pieces += s.recv_rows[i].size > 0;
+        }
+      }
+    }
+  }
+  // The fixture's fp8 tensors have 128-row blocks across FSDP shard edges:
+  // the update must exercise the exchange.
+  ASSERT_GT(exchange_pieces, 0u);
   for (uint64_t v = 1; v <= 3; ++v) {
     std::vector<VersionReport> reports = UpdateAndVerify(v);
     if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)
@@ -320,6 +347,7 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
       const VersionReport& rep = reports[r];
       written += rep.written_bytes;
       EXPECT_EQ(rep.writes, fixture_->plans[r].writes);
+      EXPECT_EQ(rep.exchanged_bytes, from_peers[r]) << "rank " << r;
       EXPECT_LE(rep.peak_temp_bytes, rep.watermark_bytes);
       EXPECT_GT(rep.peak_temp_bytes, 0u);
       std::fprintf(stderr, "[rank %d] %s\n", r, rep.Summary().c_str());
@@ -333,7 +361,7 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
 TEST_P(ExecutorTest, SmallWatermarkBindsAndIsNeverExceeded) {
   uint64_t watermark = 0;
   for (int r = 0; r < kTrainers; ++r) {
-    ASSERT_TRUE(CreateExecutor(r, Options(64 << 20)).ok());
+    { Status s = CreateExecutor(r, Options(64 << 20)); ASSERT_TRUE(s.ok()) << s.ToString(); }
     watermark = std::max(watermark, ranks_[r]->executor->max_source_need());
   }
   for (int r = 0; r < kTrainers; ++r) {
