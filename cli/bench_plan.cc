@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "routing/planner.h"
+#include "routing/rank_plan.h"
 
 namespace wsync::cli {
 namespace {
@@ -56,7 +57,10 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
     }
     seconds.push_back(timer.Elapsed());
     if (i == 0) {
-      summary = Summarize(*table, opt.link);
+      // Outside the timed part: the rank plans the executor would run.
+      StatusOr<std::vector<TrainerRankPlan>> rank_plans =
+          ExtractTrainerRankPlans(*table, inputs->trainer, inputs->inference);
+      summary = Summarize(*table, opt.link, rank_plans.ok() ? &*rank_plans : nullptr);
       ops = table->ops.size();
       description = inputs->description;
     }
@@ -76,6 +80,8 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
                         {"target_bytes", kTargetBytes},
                         {"writes", ops},
                         {"predicted_update_seconds", summary.predicted_seconds},
+                        {"exchange_bytes", summary.exchange_bytes},
+                        {"full_tensor_bytes", summary.full_tensor_bytes},
                         {"reference_update_seconds", {kReferenceUpdateLow, kReferenceUpdateHigh}}};
     std::cout << j.dump(2) << "\n";
     return 0;

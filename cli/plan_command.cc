@@ -9,6 +9,7 @@
 #include "cli/plan_inputs.h"
 #include "routing/plan_io.h"
 #include "routing/plan_summary.h"
+#include "routing/rank_plan.h"
 #include "routing/planner.h"
 #include "routing/spec_io.h"
 
@@ -54,7 +55,17 @@ int RunPlan(const PlanCommandOptions& opt) {
   if (!table.ok()) return fail(table.status());
   progress.Step("planned " + std::to_string(table->ops.size()) + " writes");
 
-  const PlanSummary summary = Summarize(*table, opt.link);
+  // The unshard term from the rank plans the executor would run; a plan the
+  // pipeline refuses is still summarized (as full_tensor), and said so.
+  StatusOr<std::vector<TrainerRankPlan>> rank_plans =
+      ExtractTrainerRankPlans(*table, inputs->trainer, inputs->inference);
+  if (rank_plans.ok()) {
+    progress.Step("extracted " + std::to_string(rank_plans->size()) + " trainer rank plans");
+  } else {
+    std::fprintf(stderr, "wsync plan: warning: the pipeline would refuse this plan: %s\n",
+                 rank_plans.status().message().c_str());
+  }
+  const PlanSummary summary = Summarize(*table, opt.link, rank_plans.ok() ? &*rank_plans : nullptr);
   // Render everything before writing anything: nothing is half-written.
   std::string plan_text, svg_text;
   if (!opt.out.empty()) plan_text = PlanToJson(*table).dump() + "\n";

@@ -9,6 +9,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "routing/chunking.h"
+
 namespace wsync {
 namespace {
 
@@ -63,9 +65,16 @@ nlohmann::json DistJson(const Distribution& d) {
           {"imbalance", d.imbalance()}};
 }
 
+// Index of `rank` in the source's gather group.
+int64_t GatherIndex(const RankSource& src, int32_t rank) {
+  auto it = std::find(src.gather_ranks.begin(), src.gather_ranks.end(), rank);
+  return it - src.gather_ranks.begin();
+}
+
 }  // namespace
 
-PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
+PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
+                      const std::vector<TrainerRankPlan>* rank_plans) {
   PlanSummary s;
   s.link = link;
   s.trainer_ranks = static_cast<int32_t>(table.trainer_endpoints.size());
@@ -152,6 +161,62 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
     }
   }
 
+  for (const auto& per_rank : g_gather)
+    for (double b : per_rank) s.full_tensor_bytes += static_cast<uint64_t>(b);
+  s.exchange_bytes = s.full_tensor_bytes;
+
+  // Bytes each trainer NIC sends to other hosts' trainers while unsharding;
+  // they share the NIC with the writes.
+  std::vector<std::vector<double>> g_unshard_send(num_groups, std::vector<double>(num_tnics, 0));
+  if (rank_plans != nullptr) {
+    s.from_rank_plans = true;
+    s.exchange_bytes = 0;
+    std::unordered_map<std::string, size_t> group_of;
+    for (size_t g = 0; g < num_groups; ++g) group_of.emplace(table.mesh_groups[g].name, g);
+    for (auto* v : {&g_gather, &g_gather_nic, &g_calls})
+      for (auto& per_rank : *v) std::fill(per_rank.begin(), per_rank.end(), 0.0);
+    const auto host = [&](int32_t r) -> const std::string& { return table.trainer_endpoints[r].host; };
+    for (const TrainerRankPlan& plan : *rank_plans) {
+      const int32_t me = plan.rank;
+      if (me < 0 || static_cast<size_t>(me) >= nt) continue;
+      for (const RankMeshGroup& group : plan.groups) {
+        auto it = group_of.find(group.name);
+        if (it == group_of.end()) continue;
+        const size_t g = it->second;
+        for (const RankSource& src : group.sources) {
+          if (src.gather_dim < 0) {
+            ++s.unshard_none;
+            continue;
+          }
+          const int gd = src.gather_dim;
+          double row_bytes = DTypeSize(src.dtype);
+          for (int d = gd + 1; d < src.held.ndim; ++d) row_bytes *= static_cast<double>(src.held.size[d]);
+          const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
+          src.exchange() ? ++s.unshard_pieces : ++s.unshard_gathers;
+          g_calls[g][me] += 1;
+          for (int64_t i = 0; i < parts; ++i) {
+            const int32_t peer = src.gather_ranks[i];
+            if (peer == me || peer < 0 || static_cast<size_t>(peer) >= nt) continue;
+            // An all-gather receives every peer's chunk and sends its own
+            // to every peer; the exchange only the planned rows.
+            const double in = row_bytes * static_cast<double>(
+                src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[gd], parts, i).size);
+            const double out = row_bytes * static_cast<double>(
+                src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[gd], parts, GatherIndex(src, me)).size);
+            s.exchange_bytes += static_cast<uint64_t>(in);
+            if (host(peer) == host(me)) {
+              g_gather[g][me] += in;
+            } else {
+              s.exchange_cross_host_bytes += static_cast<uint64_t>(in);
+              g_gather_nic[g][me] += in;
+              g_unshard_send[g][tnic_of[me]] += out;
+            }
+          }
+        }
+      }
+    }
+  }
+
   const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
   const double nvlink_bps = BytesPerSecond(link.nvlink_gbps);
   std::vector<double> rank_path(nt, 0);
@@ -168,7 +233,9 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link) {
       m.writes += static_cast<uint64_t>(g_writes[g][r]);
       const double ag = std::max(g_gather[g][r] / nvlink_bps, g_gather_nic[g][r] / nic_bps) +
                         g_calls[g][r] * link.allgather_call_us * 1e-6;
-      const double wr = g_tnic[g][tnic_of[r]] / nic_bps + g_writes[g][r] * link.per_write_us * 1e-6;
+      m.unshard_bytes += static_cast<uint64_t>(g_gather[g][r] + g_gather_nic[g][r]);
+      const double wr = (g_tnic[g][tnic_of[r]] + g_unshard_send[g][tnic_of[r]]) / nic_bps +
+                        g_writes[g][r] * link.per_write_us * 1e-6;
       // Pipelined: the slower stage dominates; the faster one adds its first
       // tensor's share as pipeline fill.
       const double calls = std::max(1.0, g_calls[g][r]);
@@ -203,12 +270,31 @@ std::string FormatSummaryText(const PlanSummary& s) {
   o << "  sender rank  " << DistText(s.sender_bytes, true) << "\n";
   o << "  sender NIC   " << DistText(s.sender_nic_bytes, true) << "\n";
   o << "  receiver NIC " << DistText(s.receiver_nic_bytes, true) << "\n";
+  {
+    char line[512];
+    const double saved = s.full_tensor_bytes > 0 ? 1.0 - double(s.exchange_bytes) / double(s.full_tensor_bytes) : 0;
+    if (s.from_rank_plans) {
+      std::snprintf(line, sizeof line,
+                    "  unshard      ranks receive %s from their peers (%s between hosts) where full_tensor would "
+                    "move %s (%.1f%% less); (rank, tensor) pairs: %llu exchange pieces, %llu all-gather, "
+                    "%llu from the shard as is\n",
+                    Bytes(s.exchange_bytes).c_str(), Bytes(s.exchange_cross_host_bytes).c_str(),
+                    Bytes(s.full_tensor_bytes).c_str(), saved * 100,
+                    static_cast<unsigned long long>(s.unshard_pieces),
+                    static_cast<unsigned long long>(s.unshard_gathers),
+                    static_cast<unsigned long long>(s.unshard_none));
+    } else {
+      std::snprintf(line, sizeof line, "  unshard      full_tensor: ranks receive %s from their peers\n",
+                    Bytes(s.full_tensor_bytes).c_str());
+    }
+    o << line;
+  }
   o << "  mesh groups (in order):\n";
   for (const MeshGroupSummary& m : s.mesh_groups) {
     char line[512];
     std::snprintf(line, sizeof line,
                   "    %-16s %4d ranks %6d tensors  stored %-10s wire %-10s writes %-8llu "
-                  "max/mean %.3f  all-gather %s  write %s  => %s\n",
+                  "max/mean %.3f  unshard %s  write %s  => %s\n",
                   m.name.c_str(), m.ranks, m.sources, Bytes(m.stored_bytes).c_str(),
                   Bytes(m.wire_bytes).c_str(), static_cast<unsigned long long>(m.writes),
                   m.sender_bytes.imbalance(), Seconds(m.allgather_seconds).c_str(),
@@ -220,10 +306,11 @@ std::string FormatSummaryText(const PlanSummary& s) {
     << Seconds(s.sender_bound_seconds) << ", busiest receiver NIC " << Seconds(s.receiver_bound_seconds)
     << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
   o << "  link model: NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
-    << "% efficiency per direction; " << l.per_write_us << " us to post a write; full_tensor over NVLink "
-    << l.nvlink_gbps << " Gbit/s inside a host and the NICs across hosts, + " << l.allgather_call_us
-    << " us per call; "
-    << l.barrier_us << " us per MeshGroup barrier; all-gather and writes pipelined inside a "
+    << "% efficiency per direction; " << l.per_write_us << " us to post a write; unshard ("
+    << (s.from_rank_plans ? "the rank plans' exchange and all-gathers, peer by peer" : "full_tensor")
+    << ") over NVLink " << l.nvlink_gbps << " Gbit/s inside a host and the NICs across hosts, + " << l.allgather_call_us
+    << " us per collective; "
+    << l.barrier_us << " us per MeshGroup barrier; unshard and writes pipelined inside a "
     << "MeshGroup, MeshGroups of one rank in sequence, disjoint MeshGroups in parallel\n";
   return o.str();
 }
@@ -250,10 +337,16 @@ std::string FormatSummaryJson(const PlanSummary& s) {
     groups.push_back({{"name", m.name}, {"ranks", m.ranks}, {"tensors", m.sources},
                       {"stored_bytes", m.stored_bytes}, {"wire_bytes", m.wire_bytes},
                       {"writes", m.writes}, {"sender_bytes", DistJson(m.sender_bytes)},
+                      {"unshard_bytes", m.unshard_bytes},
                       {"allgather_seconds", m.allgather_seconds},
                       {"write_seconds", m.write_seconds}, {"seconds", m.seconds}});
   }
   j["mesh_groups"] = groups;
+  j["unshard_from_rank_plans"] = s.from_rank_plans;
+  j["exchange_bytes"] = s.exchange_bytes;
+  j["exchange_cross_host_bytes"] = s.exchange_cross_host_bytes;
+  j["full_tensor_bytes"] = s.full_tensor_bytes;
+  j["unshard_pairs"] = {{"exchange", s.unshard_pieces}, {"all_gather", s.unshard_gathers}, {"none", s.unshard_none}};
   j["predicted_seconds"] = s.predicted_seconds;
   j["sender_bound_seconds"] = s.sender_bound_seconds;
   j["receiver_bound_seconds"] = s.receiver_bound_seconds;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "routing/rank_plan.h"
 #include "routing/routing_table.h"
 
 namespace wsync {
@@ -20,11 +21,13 @@ struct LinkModel {
   double nic_gbps = 400.0;          // per NIC, each direction (Gbit/s)
   double nic_efficiency = 0.9;      // fraction of line rate a large write reaches
   double per_write_us = 1.0;        // sender CPU cost to post one write
-  // full_tensor: bytes from peers on the same host move over NVLink; bytes
-  // from other hosts enter each host once over its NICs (hierarchical
-  // all-gather) and are shared over NVLink from there.
+  // Unshard: bytes from peers on the same host move over NVLink; bytes from
+  // other hosts cross the NICs. Modeled from the rank plans (the planned
+  // exchange's pieces, peer by peer) when Summarize has them, else as
+  // full_tensor: bytes from other hosts enter each host once over its NICs
+  // (hierarchical all-gather) and are shared over NVLink from there.
   double nvlink_gbps = 3600.0;      // per GPU, each direction (H100/H200: 450 GB/s)
-  double allgather_call_us = 150.0; // fixed cost of one full_tensor call (launch + sync)
+  double allgather_call_us = 150.0; // fixed cost of one unshard collective (launch + sync)
   double barrier_us = 200.0;        // one Gloo barrier between MeshGroups
 };
 
@@ -42,7 +45,8 @@ struct MeshGroupSummary {
   uint64_t wire_bytes = 0;
   uint64_t writes = 0;
   Distribution sender_bytes;    // over the group's ranks
-  double allgather_seconds = 0; // predicted per rank
+  uint64_t unshard_bytes = 0;   // received from peers to unshard, all ranks
+  double allgather_seconds = 0; // predicted unshard time, slowest rank
   double write_seconds = 0;     // predicted: busiest sender NIC, write posting
   double seconds = 0;           // predicted, pipelined: max of the two + fill
 };
@@ -63,6 +67,20 @@ struct PlanSummary {
   Distribution writes_per_sender;
   std::vector<MeshGroupSummary> mesh_groups;
 
+  // Unshard traffic, summed over trainer ranks: what they receive from their
+  // FSDP peers under the plan the executor runs (exchange_bytes; from the
+  // rank plans), against what full_tensor would move (every rank of a gather
+  // group receiving the whole box but its own shard). Without rank plans
+  // the prediction assumes full_tensor and exchange_bytes equals it.
+  bool from_rank_plans = false;
+  uint64_t exchange_bytes = 0;
+  uint64_t exchange_cross_host_bytes = 0;  // of which between hosts
+  uint64_t full_tensor_bytes = 0;
+  // (rank, source) pairs by how the executor unshards them.
+  uint64_t unshard_pieces = 0;      // planned exchange: only the rows it writes
+  uint64_t unshard_gathers = 0;     // all-gather (pieces would not be contiguous)
+  uint64_t unshard_none = 0;        // written from the shard as it is
+
   LinkModel link;
   double predicted_seconds = 0;
   double sender_bound_seconds = 0;    // slowest rank through its MeshGroups
@@ -70,7 +88,11 @@ struct PlanSummary {
   double wire_limit_seconds = 0;      // busiest NIC (either side), bytes only
 };
 
-PlanSummary Summarize(const RoutingTable& table, const LinkModel& link);
+// `rank_plans`, when given (every trainer rank's, ExtractTrainerRankPlans),
+// make the unshard term exactly the executor's: its exchange pieces or
+// all-gathers, peer by peer.
+PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
+                      const std::vector<TrainerRankPlan>* rank_plans = nullptr);
 
 // Human-readable report (several lines) and the JSON form (--format json).
 std::string FormatSummaryText(const PlanSummary& s);

@@ -103,6 +103,13 @@ TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
     EXPECT_TRUE(s.contains(key)) << key;
   }
   EXPECT_GT(s["predicted_seconds"].get<double>(), 0.0);
+  // Unshard: full_tensor would bring each of the 2 FSDP ranks the other's
+  // half of every tensor, the stored bytes in all; with the planned exchange
+  // every piece is cut at the shard edge and written by its holder: nothing.
+  EXPECT_TRUE(s["unshard_from_rank_plans"].get<bool>());
+  EXPECT_EQ(s["full_tensor_bytes"].get<uint64_t>(), (256 + 64 + 32 + 32 + 8) * 2u);
+  EXPECT_EQ(s["exchange_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(s["unshard_pairs"]["none"].get<uint64_t>(), 2u * 5);
   // The full table and the heatmap were written and are well-formed.
   std::ifstream plan(dir_ / "plan.json");
   json table = json::parse(plan);
