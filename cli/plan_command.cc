@@ -23,6 +23,7 @@ struct PlanCommandOptions {
   std::string heatmap;
   std::string write_specs;
   bool quiet = false;
+  bool exchange = false;  // the planned exchange instead of full_tensor (PlanOptions::exchange)
   LinkModel link;
 };
 
@@ -51,6 +52,7 @@ int RunPlan(const PlanCommandOptions& opt) {
   StatusOr<PlanInputs> inputs = LoadPlanInputs(opt.source, progress);
   if (!inputs.ok()) return fail(inputs.status());
 
+  inputs->options.exchange = opt.exchange;
   StatusOr<RoutingTable> table = Plan(inputs->trainer, inputs->inference, inputs->mapping, inputs->options);
   if (!table.ok()) return fail(table.status());
   progress.Step("planned " + std::to_string(table->ops.size()) + " writes");
@@ -125,6 +127,8 @@ void AddPlanCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("plan", "dry-run a routing plan: validate specs, plan, summarize");
   AddPlanSourceOptions(*cmd, &opt->source);
   cmd->add_option("--format", opt->format, "summary format")->check(CLI::IsMember({"text", "json"}));
+  cmd->add_flag("--exchange", opt->exchange,
+                "plan the exchange (each rank receives only the rows it writes) instead of full_tensor");
   cmd->add_option("--out", opt->out, "write the full routing table (wsync.plan/v1 JSON) here");
   cmd->add_option("--heatmap", opt->heatmap, "write the sender x receiver traffic matrix as SVG here");
   cmd->add_option("--write-specs", opt->write_specs,

@@ -91,7 +91,7 @@ class PlanCliTest : public ::testing::Test {
 };
 
 TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
-  RunResult r = Plan("--format json");
+  RunResult r = Plan("--format json --exchange");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json s = json::parse(r.out);
   // Stored: embed 32x8 + q 8x8 + k 4x8 + v 4x8 + norm 8, bf16.

@@ -33,6 +33,12 @@ PlanOptions AllGather() {
   return o;
 }
 
+PlanOptions Exchange() {
+  PlanOptions o;
+  o.exchange = true;
+  return o;
+}
+
 Tiny LoadTiny() {
   Tiny t;
   auto config = ReadJsonFile(Data("tiny_config.json"));
@@ -252,7 +258,7 @@ TEST(PlannerGoldenTest, QkvSendersArePinned) {
 // and only those: whole rows of the row-blocks it writes.
 TEST(PlannerGoldenTest, ExchangeMovesOnlyTheRowsOfTheBlocksEachWriterQuantizes) {
   Tiny t = LoadTiny();
-  auto table = Plan(t.trainer, t.inference, t.mapping);
+  auto table = Plan(t.trainer, t.inference, t.mapping, Exchange());
   ASSERT_TRUE(table.ok()) << table.status().message();
   ASSERT_EQ(testing::CheckPlan(t.trainer, t.inference, *table).error, "");
   const testing::ExchangeCheck check = testing::CheckExchange(t.trainer, t.inference, *table);
@@ -316,7 +322,7 @@ TEST(PlannerGoldenTest, ExchangeMovesOnlyTheRowsOfTheBlocksEachWriterQuantizes) 
 // they are; nobody gathers, where full_tensor moved every expert twice.
 TEST(PlannerGoldenTest, BoxesHeldWholeNeedNoExchange) {
   EpCase c = MakeEpCase({Placement::Shard(1), Placement::Shard(0)});
-  auto table = Plan(c.trainer, c.inference, c.mapping);
+  auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
   ASSERT_TRUE(table.ok()) << table.status().message();
   ASSERT_EQ(testing::CheckPlan(c.trainer, c.inference, *table).error, "");
   const testing::ExchangeCheck check = testing::CheckExchange(c.trainer, c.inference, *table);

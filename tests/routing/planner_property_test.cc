@@ -281,13 +281,19 @@ bool AnyNonBox(const TrainerSpec& t) {
   return false;
 }
 
+PlanOptions ExchangeOptions() {
+  PlanOptions o;
+  o.exchange = true;
+  return o;
+}
+
 TEST(PlannerPropertyTest, RandomSetupsWriteEveryByteOnceFromAHolder) {
   int planned = 0, refused = 0, exchanged = 0, unsupported = 0;
   uint64_t exchange_bytes = 0, full_tensor_bytes = 0;
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Scenario sc = MakeScenario(seed);
-    auto table = Plan(sc.trainer, sc.inference, sc.mapping);
+    auto table = Plan(sc.trainer, sc.inference, sc.mapping, ExchangeOptions());
     if (!table.ok()) {
       ASSERT_NE(table.status().message().find("non-contiguous"), std::string::npos) << table.status().message();
       ASSERT_TRUE(AnyNonBox(sc.trainer)) << "planner refused a valid setup: " << table.status().message();
@@ -330,7 +336,7 @@ TEST(PlannerPropertyTest, RandomSetupsWriteEveryByteOnceFromAHolder) {
       }
     }
     // Deterministic: planning again gives the identical table.
-    auto again = Plan(sc.trainer, sc.inference, sc.mapping);
+    auto again = Plan(sc.trainer, sc.inference, sc.mapping, ExchangeOptions());
     ASSERT_TRUE(again.ok());
     ASSERT_EQ(again->ops.size(), table->ops.size());
     for (size_t i = 0; i < table->ops.size(); ++i) {

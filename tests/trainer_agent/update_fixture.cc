@@ -182,7 +182,9 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   f->trainer = MakeTrainerSpec();
   f->inference = MakeInferenceSpec(descriptors);
   WSYNC_ASSIGN_OR_RETURN(f->mapping, MakeMapping());
-  WSYNC_ASSIGN_OR_RETURN(f->table, Plan(f->trainer, f->inference, f->mapping));
+  PlanOptions options;
+  options.exchange = true;  // the executor tests run the planned exchange
+  WSYNC_ASSIGN_OR_RETURN(f->table, Plan(f->trainer, f->inference, f->mapping, options));
   for (int r = 0; r < kTrainers; ++r) {
     WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan, ExtractTrainerRankPlan(f->table, f->trainer, f->inference, r));
     f->plans.push_back(std::move(plan));
