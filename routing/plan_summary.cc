@@ -189,8 +189,11 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
             continue;
           }
           const int gd = src.gather_dim;
+          // Bytes of one index of the gather dim: every other dim of what it
+          // holds (an exchange's dims before the gather dim are all 1).
           double row_bytes = DTypeSize(src.dtype);
-          for (int d = gd + 1; d < src.held.ndim; ++d) row_bytes *= static_cast<double>(src.held.size[d]);
+          for (int d = 0; d < src.held.ndim; ++d)
+            if (d != gd) row_bytes *= static_cast<double>(src.held.size[d]);
           const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
           src.exchange() ? ++s.unshard_pieces : ++s.unshard_gathers;
           g_calls[g][me] += 1;

@@ -123,6 +123,17 @@ TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
   EXPECT_NE(svg_text.find("</svg>"), std::string::npos);
 }
 
+TEST_F(PlanCliTest, WithoutTheExchangeRanksReceiveWhatFullTensorMoves) {
+  // full_tensor, modeled from the rank plans peer by peer, must equal the
+  // box arithmetic: each of the 2 ranks receives the other's half.
+  RunResult r = Plan("--format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json s = json::parse(r.out);
+  EXPECT_EQ(s["full_tensor_bytes"].get<uint64_t>(), (256 + 64 + 32 + 32 + 8) * 2u);
+  EXPECT_EQ(s["exchange_bytes"].get<uint64_t>(), s["full_tensor_bytes"].get<uint64_t>());
+  EXPECT_EQ(s["unshard_pairs"]["all_gather"].get<uint64_t>(), 2u * 5);
+}
+
 TEST_F(PlanCliTest, TextSummaryStatesTheLinkModel) {
   RunResult r = Plan("--nic-gbps 100");
   ASSERT_EQ(r.exit_code, 0) << r.err;

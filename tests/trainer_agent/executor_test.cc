@@ -108,7 +108,7 @@ struct TrainerRankUnderTest {
 class ExecutorTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto f = testing::MakeUpdateFixture(GetParam());
+    auto f = testing::MakeUpdateFixture(GetParam(), /*exchange=*/true);
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     fixture_ = std::move(f).value();
     store_ = MakeInMemoryRendezvousStore();

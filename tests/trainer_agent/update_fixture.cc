@@ -162,7 +162,7 @@ const std::map<std::string, Shape>& TrainerShapes() {
   return shapes;
 }
 
-StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider) {
+StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange) {
   auto f = std::make_unique<UpdateFixture>();
   f->region_bytes = Layout().total;
   std::vector<std::string> descriptors;
@@ -183,7 +183,7 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   f->inference = MakeInferenceSpec(descriptors);
   WSYNC_ASSIGN_OR_RETURN(f->mapping, MakeMapping());
   PlanOptions options;
-  options.exchange = true;  // the executor tests run the planned exchange
+  options.exchange = exchange;
   WSYNC_ASSIGN_OR_RETURN(f->table, Plan(f->trainer, f->inference, f->mapping, options));
   for (int r = 0; r < kTrainers; ++r) {
     WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan, ExtractTrainerRankPlan(f->table, f->trainer, f->inference, r));

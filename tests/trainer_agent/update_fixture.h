@@ -54,7 +54,9 @@ const std::map<std::string, Shape>& TrainerShapes();
 
 // Specs, receivers (registered, descriptors filled in), plan and per-rank
 // plans. `provider`: "shm" or "tcp;ofi_rxm".
-StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider);
+// `exchange`: plan the exchange (PlanOptions::exchange). Tests whose agents
+// take their plan from a controller must match its planning (full_tensor).
+StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange = false);
 
 // Deterministic, version-dependent full weights (finite, varied magnitudes
 // per 128-block so fp8 scales differ).
