@@ -96,12 +96,9 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
       return InvalidArgument(where + ": fp8 block " + std::to_string(src.block_rows) + "x" +
                              std::to_string(src.block_cols) + " is not supported (128x128 only)");
     }
-    for (int d = n - 2; d < n; ++d) {
-      const int64_t block = d == n - 2 ? src.block_rows : src.block_cols, end = src.held.offset[d] + src.held.size[d];
-      if (src.held.offset[d] % block != 0 || (end % block != 0 && end != src.global_shape[d])) {
-        return InvalidArgument(where + ": fp8 blocks need whole 128x128 blocks of the last two dims, but the rank holds " +
-                               BoxStr(src.held));
-      }
+    if (!WholeBlocks(src.held, src.global_shape, src.block_rows, src.block_cols)) {
+      return InvalidArgument(where + ": fp8 blocks need whole 128x128 blocks of the last two dims, but the rank holds " +
+                             BoxStr(src.held));
     }
     grid = HeldScaleGrid(src.held);
     sw.q_at = sw.transient_bytes;

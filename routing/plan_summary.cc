@@ -195,6 +195,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
           for (int d = 0; d < src.held.ndim; ++d)
             if (d != gd) row_bytes *= static_cast<double>(src.held.size[d]);
           const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
+          const int64_t mine = GatherIndex(src, me);
           src.exchange() ? ++s.unshard_pieces : ++s.unshard_gathers;
           g_calls[g][me] += 1;
           for (int64_t i = 0; i < parts; ++i) {
@@ -205,7 +206,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
             const double in = row_bytes * static_cast<double>(
                 src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[gd], parts, i).size);
             const double out = row_bytes * static_cast<double>(
-                src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[gd], parts, GatherIndex(src, me)).size);
+                src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[gd], parts, mine).size);
             s.exchange_bytes += static_cast<uint64_t>(in);
             if (host(peer) == host(me)) {
               g_gather[g][me] += in;

@@ -44,10 +44,6 @@ std::string BoxText(const Box& b) {
   return s + "]";
 }
 
-namespace {
-
-// `held` covers whole fp8 blocks of the tensor's last two dims: it starts on
-// a block edge and ends on one or at the tensor's end.
 bool WholeBlocks(const Box& held, const Shape& global, int64_t block_rows, int64_t block_cols) {
   const int n = held.ndim;
   if (n < 2) return false;
@@ -58,6 +54,8 @@ bool WholeBlocks(const Box& held, const Shape& global, int64_t block_rows, int64
   }
   return true;
 }
+
+namespace {
 
 Rows Intersect(Rows a, Rows b) {
   const int64_t lo = std::max(a.offset, b.offset), hi = std::min(a.offset + a.size, b.offset + b.size);

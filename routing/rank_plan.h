@@ -100,6 +100,10 @@ struct InferenceRankPlan {
   uint64_t bytes = 0;
 };
 
+// `held` covers whole fp8 blocks of the tensor's last two dims: it starts on
+// a block edge and ends on one or at the tensor's end.
+bool WholeBlocks(const Box& held, const Shape& global, int64_t block_rows, int64_t block_cols);
+
 // "[lo:hi, ...]" per dim, for messages.
 std::string BoxText(const Box& b);
 
