@@ -160,6 +160,10 @@ HeldBox Held(const TrainerSpec& spec, int32_t rank, const std::string& name) {
       h.hi[d] = std::max(h.hi[d], box.first[d] + box.second[d]);
     }
   }
+  if (boxes.empty()) {  // every shard empty: the empty box at the origin
+    h.lo.assign(nd, 0);
+    h.hi.assign(nd, 0);
+  }
   for (size_t d = 0; d < nd; ++d) bbox *= boxes.empty() ? 0 : h.hi[d] - h.lo[d];
   h.ok = volume == bbox;
   return h;
