@@ -24,6 +24,7 @@ struct PlanCommandOptions {
   std::string write_specs;
   bool quiet = false;
   bool exchange = false;  // the planned exchange instead of full_tensor (PlanOptions::exchange)
+  uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   LinkModel link;
 };
 
@@ -53,6 +54,7 @@ int RunPlan(const PlanCommandOptions& opt) {
   if (!inputs.ok()) return fail(inputs.status());
 
   inputs->options.exchange = opt.exchange;
+  inputs->options.min_shard_piece_bytes = opt.min_shard_piece_bytes;
   StatusOr<RoutingTable> table = Plan(inputs->trainer, inputs->inference, inputs->mapping, inputs->options);
   if (!table.ok()) return fail(table.status());
   progress.Step("planned " + std::to_string(table->ops.size()) + " writes");
@@ -129,6 +131,9 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--format", opt->format, "summary format")->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--exchange", opt->exchange,
                 "plan the exchange (each rank receives only the rows it writes) instead of full_tensor");
+  cmd->add_option("--min-shard-piece", opt->min_shard_piece_bytes,
+                  "with --exchange: cut a piece at trainer shard edges only where each part keeps this many bytes")
+      ->capture_default_str();
   cmd->add_option("--out", opt->out, "write the full routing table (wsync.plan/v1 JSON) here");
   cmd->add_option("--heatmap", opt->heatmap, "write the sender x receiver traffic matrix as SVG here");
   cmd->add_option("--write-specs", opt->write_specs,

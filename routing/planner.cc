@@ -53,6 +53,7 @@ class Planner {
   Status BuildJobs(RoutingTable* table);
   Status SplitSegment(const Segment& seg, int32_t dst, const InferenceTensor& t,
                       const QuantRule* quant, const TensorWhere& where);
+  bool ShardCutsPay(const Segment& seg, const InferenceTensor& t, const QuantRule* quant) const;
   void Assign(const RoutingTable& table);
   void EmitOps(RoutingTable* table);
   void RecordNeeds(RoutingTable* table) const;
@@ -228,13 +229,14 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
   const TrainerParam& p = *catalog_.params[seg.source];
   const int nd = static_cast<int>(t.shape.size());
   // Cut where the holder classes change and, for a planned exchange, where
-  // the trainers' shards do, so each piece has one rank that holds most of
-  // it already. On fp8 block dims a shard cut moves down to its block edge:
-  // a block is quantized whole, on one rank.
+  // the trainers' shards do when that pays (ShardCutsPay), so each piece has
+  // one rank that holds most of it already. On fp8 block dims a shard cut
+  // moves down to its block edge: a block is quantized whole, on one rank.
+  const bool cut_shards = !shards.classes.empty() && ShardCutsPay(seg, t, quant);
   std::array<std::vector<int64_t>, kMaxDims> all_cuts;
   for (int d = 0; d < snd; ++d) {
     all_cuts[d] = layout.cuts[d];
-    if (shards.classes.empty()) continue;
+    if (!cut_shards) continue;
     int64_t block = 1;
     for (int k = 0; quant && k < 2; ++k)
       if (seg.dst_to_src[nd - 2 + k] == d) block = k == 0 ? quant->block_rows : quant->block_cols;
@@ -278,7 +280,10 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
     job.klass = layout.FindClass(job.src_box.offset, snd);
     if (job.klass < 0)
       return Internal(where + ": no trainer rank holds part of source '" + p.name + "' after unshard");
-    job.owner = OwnerClass(job);
+    // An uncut piece is balanced over all its holders, as under full_tensor:
+    // the shard holding most of it may hold little, and every piece of the
+    // tensor would prefer the same one.
+    job.owner = cut_shards ? OwnerClass(job) : -1;
     uint64_t bytes = static_cast<uint64_t>(job.src_box.NumElements()) *
                      static_cast<uint64_t>(DTypeSize(t.dtype));
     if (quant) {
@@ -311,6 +316,45 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
     if (d < 0) break;
   }
   return Status::Ok();
+}
+
+// Whether to cut `seg` at the trainers' shard edges. A cut adds a write per
+// piece; what it saves is the rows its writer would otherwise receive from
+// its peers. Not where:
+// - a piece would be smaller than PlanOptions::min_shard_piece_bytes (the
+//   write's fixed cost outweighs gathering it: replicated small tensors
+//   would be written once per shard and inference rank), or
+// - the cuts, moved down to fp8 block edges, leave pieces across two shards
+//   of a tensor whose gathered rows are not contiguous (a dim before the
+//   gathered one spans several indices, as in stacked experts): the
+//   exchange cannot move such rows and gathers them whole anyway
+//   (PlanExchange, rank_plan.cc), so the cuts would only add writes.
+bool Planner::ShardCutsPay(const Segment& seg, const InferenceTensor& t, const QuantRule* quant) const {
+  const HolderLayout& layout = layouts_[source_layout_[seg.source]];
+  const HolderLayout& shards = shards_[source_layout_[seg.source]];
+  const int snd = seg.src_box.ndim, nd = static_cast<int>(t.shape.size());
+  const int klass = layout.FindClass(seg.src_box.offset, snd);
+  if (klass < 0) return false;
+  const Box& holder = layout.classes[klass].box;
+  int64_t pieces = 1;
+  for (int d = 0; d < snd; ++d) {
+    if (shards.cuts[d] == layout.cuts[d]) continue;  // not a gathered dim
+    int64_t block = 1;
+    for (int k = 0; quant && k < 2; ++k)
+      if (seg.dst_to_src[nd - 2 + k] == d) block = k == 0 ? quant->block_rows : quant->block_cols;
+    const int64_t lo = seg.src_box.offset[d], hi = lo + seg.src_box.size[d];
+    bool straddles = false;
+    for (int64_t c : shards.cuts[d]) {
+      if (c <= lo || c >= hi) continue;
+      ++pieces;
+      straddles = straddles || c % block != 0;
+    }
+    bool rows_contiguous = true;
+    for (int e = 0; e < d; ++e) rows_contiguous = rows_contiguous && holder.size[e] == 1;
+    if (straddles && !rows_contiguous) return false;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(seg.src_box.NumElements()) * static_cast<uint64_t>(DTypeSize(t.dtype));
+  return pieces == 1 || bytes / static_cast<uint64_t>(pieces) >= opt_.min_shard_piece_bytes;
 }
 
 void Planner::Assign(const RoutingTable& table) {

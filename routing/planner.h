@@ -32,11 +32,16 @@ struct PlanOptions {
   // that already holds most of it, and record what each writer needs
   // (SourceTensor::needs), so a rank receives only the rows it writes.
   // false: every rank of a gather group all-gathers the whole tensor.
-  // Off by default for now: the cuts at shard edges multiply the writes
-  // (Kimi-K2 256 -> 128: 0.92 M -> 25.9 M, planning 3 s -> 46 s, 0.6 GB ->
-  // 9 GB), so it needs a per-source choice between cutting and gathering
-  // before deployments get it.
+  // Off by default for now: Kimi-K2 256 -> 128 plans 12.1 M writes with it
+  // against 0.92 M without (stacked gate/up experts are written per shard),
+  // and the controller has not served slices that large at 384 agents.
   bool exchange = false;
+  // With the exchange: a destination piece is cut at shard edges only where
+  // each part keeps at least this many bytes (and where the cut saves an
+  // exchange, planner.cc ShardCutsPay). A write costs about 2 us of fixed
+  // work; at 50 GB/s (a 400 Gb/s NIC) that is ~100 KB of wire time, so a
+  // smaller part costs more as a write of its own than as rows gathered.
+  uint64_t min_shard_piece_bytes = 128 << 10;
 };
 
 StatusOr<RoutingTable> Plan(const TrainerSpec& trainer, const InferenceSpec& inference,

@@ -14,6 +14,9 @@ PACKAGES=(
   # scripts/fuzz.sh: clang, and libFuzzer's runtime for it (on Debian 12
   # -fsanitize=fuzzer links libclang_rt.fuzzer from libclang-rt-14-dev)
   clang libclang-rt-14-dev
+  # compiler cache: the Python extension's build (build-python/) compiles
+  # the same libraries as build/ with the same flags and reuses them
+  ccache
 )
 
 missing=()

@@ -3,7 +3,7 @@
 # owns (${WSYNC_VENV:-build/venv}) with torch, transformers and pytest from
 # PyPI, then the wsync package itself (`pip install --no-build-isolation
 # ./python`: the torch extension wsync._C and the `wsync` command, built
-# against that torch; the build dir build/python is reused, so a second run
+# against that torch; the build dir build-python is reused, so a second run
 # rebuilds only what changed). Prints the venv's path last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,16 @@ done
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]} into $VENV (torch is about 5.6 GB: a few minutes the first time)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${need[@]}" >&2
+fi
+# The compilers of the C++ build (scripts/build.sh), so ccache serves the
+# libraries both builds compile (CMakeLists.txt, WSYNC_CCACHE); left alone
+# the extension's build would pick g++ where build/ has c++, another key.
+BUILD_CACHE=${BUILD_DIR:-build}/CMakeCache.txt
+if [ -f "$BUILD_CACHE" ]; then
+  cc=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$BUILD_CACHE")
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD_CACHE")
+  [ -n "$cc" ] && export CC=${CC:-$cc}
+  [ -n "$cxx" ] && export CXX=${CXX:-$cxx}
 fi
 say "building and installing the wsync package (torch extension + wsync command) into $VENV"
 start=$(date +%s)

@@ -91,7 +91,8 @@ class PlanCliTest : public ::testing::Test {
 };
 
 TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
-  RunResult r = Plan("--format json --exchange");
+  // Tiny tensors: --min-shard-piece 0 cuts them at shard edges as large ones would be.
+  RunResult r = Plan("--format json --exchange --min-shard-piece 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json s = json::parse(r.out);
   // Stored: embed 32x8 + q 8x8 + k 4x8 + v 4x8 + norm 8, bf16.

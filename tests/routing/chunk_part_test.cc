@@ -31,6 +31,7 @@ void PlanAndCompare(const TrainerSpec& trainer, const InferenceSpec& inference, 
                     const std::vector<Expect>& expect, RoutingTable* out = nullptr, bool exchange = true) {
   PlanOptions options;
   options.exchange = exchange;
+  options.min_shard_piece_bytes = 0;
   auto table = Plan(trainer, inference, mapping, options);
   ASSERT_TRUE(table.ok()) << table.status().message();
   auto check = testing::CheckPlan(trainer, inference, *table);

@@ -33,9 +33,12 @@ PlanOptions AllGather() {
   return o;
 }
 
+// Cut at every shard edge, however small the pieces: the goldens' tensors
+// are tiny, and the choice of where cuts pay has goldens of its own.
 PlanOptions Exchange() {
   PlanOptions o;
   o.exchange = true;
+  o.min_shard_piece_bytes = 0;
   return o;
 }
 
@@ -339,6 +342,80 @@ TEST(PlannerGoldenTest, BoxesHeldWholeNeedNoExchange) {
     auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
     ASSERT_TRUE(plan.ok()) << plan.status().message();
     for (const RankSource& s : plan->groups.at(0).sources) EXPECT_EQ(s.gather_dim, -1);
+  }
+}
+
+// With the default minimum piece, tiny experts are not cut at the shard
+// edge: one write per destination box, as under full_tensor, and the writer
+// receives the rows of its box from its peer.
+TEST(PlannerGoldenTest, PiecesBelowTheMinimumAreNotCutAtShardEdges) {
+  EpCase c = MakeEpCase({Placement::Shard(1), Placement::Shard(0)});
+  PlanOptions opt;
+  opt.exchange = true;
+  ASSERT_GT(opt.min_shard_piece_bytes, 64u);  // a piece here: 2 experts x 2 rows x 4 x bf16
+  auto table = Plan(c.trainer, c.inference, c.mapping, opt);
+  auto full = Plan(c.trainer, c.inference, c.mapping, AllGather());
+  ASSERT_TRUE(table.ok() && full.ok());
+  ASSERT_EQ(testing::CheckPlan(c.trainer, c.inference, *table).error, "");
+  const testing::ExchangeCheck check = testing::CheckExchange(c.trainer, c.inference, *table);
+  ASSERT_EQ(check.error, "");
+  EXPECT_EQ(table->ops.size(), full->ops.size());
+  for (const WriteOp& op : table->ops) EXPECT_EQ(op.src_box.size[1], 4);  // across the shard edge
+  // The rows a writer lacks are not contiguous (several experts before the
+  // row dim), so its EP slice gathers whole, as under full_tensor.
+  EXPECT_EQ(check.exchange_bytes, check.full_tensor_bytes);
+}
+
+// Stacked fp8 experts [4, rows, 128], EP over experts and FSDP over rows: 2
+// experts per EP slice, rows/2 per shard. Cut at the shard edge, a piece's
+// rows are contiguous within one expert only, so where the edge falls inside
+// a 128-row block the exchange could not move the block's other rows and
+// would gather everything anyway: the planner does not cut there.
+struct StackedFp8 {
+  TrainerSpec trainer;
+  InferenceSpec inference;
+  MappingSpec mapping;
+};
+
+StackedFp8 MakeStackedFp8(int64_t rows) {
+  StackedFp8 c;
+  c.trainer = testing::BuildTrainer({{"experts", {2, 2}, {"fsdp", "ep"}}}, {{"experts", "experts", {"fsdp"}}},
+                                    {{"moe.w", {4, rows, 128}, DType::kBF16, "experts",
+                                      {Placement::Shard(1), Placement::Shard(0)}}});
+  InferenceRank r;
+  r.rank = 0;
+  r.host = "infer-0";
+  testing::AddTensor(&r, "experts.w", {4, rows, 128}, DType::kFP8E4M3, std::nullopt, ExpertRange{0, 4});
+  c.inference.ranks.push_back(r);
+  c.mapping.rules.push_back({MappingRule::Kind::kStackExperts, "experts.w", {{"moe.w", 0, std::nullopt}}, 0});
+  c.mapping.quant.push_back(QuantRule{});
+  return c;
+}
+
+TEST(PlannerGoldenTest, StackedExpertsAreCutAtShardEdgesOnlyOnBlockEdges) {
+  for (const int64_t rows : {256, 384}) {  // shard edge at row 128 (a block edge), at 192 (inside one)
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    StackedFp8 c = MakeStackedFp8(rows);
+    auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
+    auto full = Plan(c.trainer, c.inference, c.mapping, AllGather());
+    ASSERT_TRUE(table.ok()) << table.status().message();
+    ASSERT_TRUE(full.ok()) << full.status().message();
+    ASSERT_EQ(testing::CheckPlan(c.trainer, c.inference, *table).error, "");
+    const testing::ExchangeCheck check = testing::CheckExchange(c.trainer, c.inference, *table);
+    ASSERT_EQ(check.error, "");
+    if (rows == 256) {
+      // A write per (EP slice, expert, shard) for weights and scales, where
+      // full_tensor writes each EP slice's experts at once; nobody receives a
+      // row: each shard is written as it is.
+      EXPECT_EQ(full->ops.size(), 2u * 2);
+      EXPECT_EQ(table->ops.size(), 2u * 2 * 2 * 2);
+      EXPECT_EQ(check.exchange_bytes, 0u);
+      EXPECT_GT(check.full_tensor_bytes, 0u);
+    } else {
+      // The writes of full_tensor, and the writers gather their EP slice whole.
+      EXPECT_EQ(table->ops.size(), full->ops.size());
+      EXPECT_EQ(check.exchange_bytes, check.full_tensor_bytes);
+    }
   }
 }
 

@@ -184,6 +184,7 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   WSYNC_ASSIGN_OR_RETURN(f->mapping, MakeMapping());
   PlanOptions options;
   options.exchange = exchange;
+  options.min_shard_piece_bytes = 0;  // small tensors: cut at shard edges as large ones are
   WSYNC_ASSIGN_OR_RETURN(f->table, Plan(f->trainer, f->inference, f->mapping, options));
   for (int r = 0; r < kTrainers; ++r) {
     WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan, ExtractTrainerRankPlan(f->table, f->trainer, f->inference, r));
