@@ -98,7 +98,7 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
               summary.predicted_seconds / kReferenceUpdateHigh, summary.predicted_seconds / kReferenceUpdateLow);
   std::printf("    (sender path %.3f s, busiest receiver NIC %.3f s, bytes-over-busiest-NIC limit %.3f s; "
               "link model: `wsync plan --help`)\n",
-              summary.sender_bound_seconds, summary.receiver_bound_seconds, summary.wire_limit_seconds);
+              summary.sender_bound_seconds, summary.receive_bound_seconds, summary.wire_limit_seconds);
   return 0;
 }
 

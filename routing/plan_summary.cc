@@ -223,7 +223,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
 
   const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
   const double nvlink_bps = BytesPerSecond(link.nvlink_gbps);
-  std::vector<double> rank_path(nt, 0);
+  std::vector<double> rank_path(nt, 0), rank_reads_done(nt, 0);
   for (size_t g = 0; g < num_groups; ++g) {
     MeshGroupSummary m;
     m.name = table.mesh_groups[g].name;
@@ -244,6 +244,9 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
       // tensor's share as pipeline fill.
       const double calls = std::max(1.0, g_calls[g][r]);
       const double t = std::max(ag, wr) + std::min(ag, wr) / calls;
+      // Its last read is its last source's copy (and unshard); only that
+      // source's writes, a share of the rank's, come after it.
+      rank_reads_done[r] = rank_path[r] + t - wr / std::max(1.0, static_cast<double>(g_sources[g]));
       m.allgather_seconds = std::max(m.allgather_seconds, ag);
       m.write_seconds = std::max(m.write_seconds, wr);
       m.seconds = std::max(m.seconds, t);
@@ -256,10 +259,12 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
     s.mesh_groups.push_back(std::move(m));
   }
   s.sender_bound_seconds = rank_path.empty() ? 0 : *std::max_element(rank_path.begin(), rank_path.end());
-  s.receiver_bound_seconds = s.receiver_nic_bytes.max / nic_bps;
+  s.receive_bound_seconds = s.receiver_nic_bytes.max / nic_bps;
   s.wire_limit_seconds = std::max(s.sender_nic_bytes.max, s.receiver_nic_bytes.max) /
                          BytesPerSecond(link.nic_gbps);
-  s.predicted_seconds = std::max(s.sender_bound_seconds, s.receiver_bound_seconds);
+  s.predicted_seconds = std::max(s.sender_bound_seconds, s.receive_bound_seconds);
+  s.predicted_reads_done_seconds =
+      rank_reads_done.empty() ? 0 : *std::max_element(rank_reads_done.begin(), rank_reads_done.end());
   return s;
 }
 
@@ -307,8 +312,10 @@ std::string FormatSummaryText(const PlanSummary& s) {
   }
   const LinkModel& l = s.link;
   o << "  predicted update time " << Seconds(s.predicted_seconds) << " = max(sender path "
-    << Seconds(s.sender_bound_seconds) << ", busiest receiver NIC " << Seconds(s.receiver_bound_seconds)
+    << Seconds(s.sender_bound_seconds) << ", busiest receiver NIC " << Seconds(s.receive_bound_seconds)
     << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
+  o << "  trainer stall (until every rank has read its last shard) " << Seconds(s.predicted_reads_done_seconds)
+    << "\n";
   o << "  link model: NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
     << "% efficiency per direction; " << l.per_write_us << " us to post a write; unshard ("
     << (s.from_rank_plans ? "the rank plans' exchange and all-gathers, peer by peer" : "full_tensor")
@@ -352,8 +359,9 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["full_tensor_bytes"] = s.full_tensor_bytes;
   j["unshard_pairs"] = {{"exchange", s.unshard_pieces}, {"all_gather", s.unshard_gathers}, {"none", s.unshard_none}};
   j["predicted_seconds"] = s.predicted_seconds;
+  j["predicted_reads_done_seconds"] = s.predicted_reads_done_seconds;
   j["sender_bound_seconds"] = s.sender_bound_seconds;
-  j["receiver_bound_seconds"] = s.receiver_bound_seconds;
+  j["receive_bound_seconds"] = s.receive_bound_seconds;
   j["wire_limit_seconds"] = s.wire_limit_seconds;
   j["link_model"] = {{"nic_gbps", s.link.nic_gbps}, {"nic_efficiency", s.link.nic_efficiency},
                      {"per_write_us", s.link.per_write_us},

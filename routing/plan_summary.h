@@ -84,7 +84,11 @@ struct PlanSummary {
   LinkModel link;
   double predicted_seconds = 0;
   double sender_bound_seconds = 0;    // slowest rank through its MeshGroups
-  double receiver_bound_seconds = 0;  // busiest inference NIC at line rate
+  double receive_bound_seconds = 0;  // busiest inference NIC at line rate
+  // The trainer's stall: until every rank has read its last local shard
+  // (the last source's unshard done; its writes may still be in flight),
+  // when training may go on.
+  double predicted_reads_done_seconds = 0;
   double wire_limit_seconds = 0;      // busiest NIC (either side), bytes only
 };
 

@@ -100,10 +100,15 @@ TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
   // Wire: every inference tensor once: embed, qkv 16x8, norm, tied lm_head.
   EXPECT_EQ(s["wire_bytes"].get<uint64_t>(), (256 + 128 + 8 + 256) * 2u);
   EXPECT_GE(s["writes"].get<uint64_t>(), 4u);
-  for (const char* key : {"max_sender_bytes", "mean_sender_bytes", "predicted_seconds"}) {
+  for (const char* key : {"max_sender_bytes", "mean_sender_bytes", "predicted_seconds", "receive_bound_seconds",
+                          "predicted_reads_done_seconds"}) {
     EXPECT_TRUE(s.contains(key)) << key;
   }
   EXPECT_GT(s["predicted_seconds"].get<double>(), 0.0);
+  EXPECT_GE(s["predicted_seconds"].get<double>(), s["receive_bound_seconds"].get<double>());
+  // The trainers may go on before the last write lands, never before they start.
+  EXPECT_GT(s["predicted_reads_done_seconds"].get<double>(), 0.0);
+  EXPECT_LT(s["predicted_reads_done_seconds"].get<double>(), s["predicted_seconds"].get<double>());
   // Unshard: full_tensor would bring each of the 2 FSDP ranks the other's
   // half of every tensor, the stored bytes in all; with the planned exchange
   // every piece is cut at the shard edge and written by its holder: nothing.
