@@ -30,6 +30,14 @@ struct Job {
 // a >= 0, b > 0; no a + b - 1, which overflows for a block near 2^63.
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
+// The fp8 block size along source dim `d` of `seg` (the block rows or
+// columns where it maps to one of the destination's last two dims), else 1.
+int64_t BlockAlong(const Segment& seg, int nd, const QuantRule* quant, int d) {
+  for (int k = 0; quant && k < 2; ++k)
+    if (seg.dst_to_src[nd - 2 + k] == d) return k == 0 ? quant->block_rows : quant->block_cols;
+  return 1;
+}
+
 std::string PlacementKey(const TrainerParam& p) {
   std::string k = p.mesh;
   k += '|';
@@ -237,9 +245,7 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
   for (int d = 0; d < snd; ++d) {
     all_cuts[d] = layout.cuts[d];
     if (!cut_shards) continue;
-    int64_t block = 1;
-    for (int k = 0; quant && k < 2; ++k)
-      if (seg.dst_to_src[nd - 2 + k] == d) block = k == 0 ? quant->block_rows : quant->block_cols;
+    const int64_t block = BlockAlong(seg, nd, quant, d);
     for (int64_t c : shards.cuts[d]) all_cuts[d].push_back(c == p.global_shape[d] ? c : c / block * block);
     std::sort(all_cuts[d].begin(), all_cuts[d].end());
     all_cuts[d].erase(std::unique(all_cuts[d].begin(), all_cuts[d].end()), all_cuts[d].end());
@@ -339,9 +345,7 @@ bool Planner::ShardCutsPay(const Segment& seg, const InferenceTensor& t, const Q
   int64_t pieces = 1;
   for (int d = 0; d < snd; ++d) {
     if (shards.cuts[d] == layout.cuts[d]) continue;  // not a gathered dim
-    int64_t block = 1;
-    for (int k = 0; quant && k < 2; ++k)
-      if (seg.dst_to_src[nd - 2 + k] == d) block = k == 0 ? quant->block_rows : quant->block_cols;
+    const int64_t block = BlockAlong(seg, nd, quant, d);
     const int64_t lo = seg.src_box.offset[d], hi = lo + seg.src_box.size[d];
     bool straddles = false;
     for (int64_t c : shards.cuts[d]) {
