@@ -170,6 +170,7 @@ PYBIND11_MODULE(_C, m) {
              config.checksums = c.value("checksums", false);
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.cuda_device = c.value("cuda_device", -1);
+             config.host_shards = c.value("host_shards", false);
              std::vector<TorchProcessGroup> groups;
              for (const py::handle& item : process_groups) {
                auto pair = item.cast<py::tuple>();

@@ -41,8 +41,11 @@ std::vector<int64_t> Sizes(const Box& b) { return std::vector<int64_t>(b.size.be
 
 class TorchCudaDevice : public DeviceOps {
  public:
-  TorchCudaDevice(int ordinal, c10::Stream stream)
-      : ordinal_(ordinal), device_(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ordinal)), stream_(stream) {}
+  TorchCudaDevice(int ordinal, c10::Stream stream, bool host_shards)
+      : ordinal_(ordinal),
+        device_(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ordinal)),
+        stream_(stream),
+        host_shards_(host_shards) {}
 
   std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
   transport::MemoryKind kind() const override { return transport::MemoryKind::kCuda; }
@@ -62,11 +65,15 @@ class TorchCudaDevice : public DeviceOps {
     owned_.erase(p);
   }
 
+  // The executor copies only out of the trainer's shards. Offloaded ones
+  // (host_shards) come host-to-device, asynchronously from pinned memory
+  // (FSDP2's CPUOffloadPolicy pins by default), a blocking copy otherwise.
   Status Copy(void* dst, const void* src, uint64_t bytes) override {
-    // Shards offloaded to pinned host memory are read through unified
-    // addressing, like device memory.
     return Run("copy", [&] {
-      Bytes(dst, bytes).copy_(Bytes(const_cast<void*>(src), bytes), /*non_blocking=*/true);
+      at::Tensor from = host_shards_ ? at::from_blob(const_cast<void*>(src), {static_cast<int64_t>(bytes)},
+                                                     at::TensorOptions().dtype(at::kByte).device(at::kCPU))
+                                     : Bytes(const_cast<void*>(src), bytes);
+      Bytes(dst, bytes).copy_(from, /*non_blocking=*/true);
       return nullptr;
     }).status();
   }
@@ -306,6 +313,7 @@ class TorchCudaDevice : public DeviceOps {
   int ordinal_;
   c10::Device device_;
   c10::Stream stream_;
+  const bool host_shards_;  // the shards the executor copies from are in host memory
   std::mutex mu_;
   std::unordered_map<void*, at::Tensor> owned_;  // arena allocations, kept alive
   // Per kernel quantize since the last Synchronize, one int32 slot on the
@@ -321,7 +329,7 @@ class TorchCudaDevice : public DeviceOps {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal) {
+StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal, bool host_shards) {
   try {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     if (ordinal < 0 || ordinal >= impl.deviceCount()) {
@@ -329,7 +337,7 @@ StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal) {
                              std::to_string(impl.deviceCount()) + " CUDA devices");
     }
     c10::Stream stream = impl.getStreamFromGlobalPool(c10::Device(c10::DeviceType::CUDA, ordinal));
-    return std::unique_ptr<DeviceOps>(new TorchCudaDevice(ordinal, stream));
+    return std::unique_ptr<DeviceOps>(new TorchCudaDevice(ordinal, stream, host_shards));
   } catch (const std::exception& e) {
     std::string m = e.what();
     const size_t nl = m.find('\n');

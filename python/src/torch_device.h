@@ -12,6 +12,8 @@
 namespace wsync::python {
 
 // A DeviceOps for CUDA device `ordinal`; Unavailable when torch has no CUDA.
-StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal);
+// `host_shards`: the trainer's shards are in host memory (FSDP2 CPU
+// offload), so the copy stage is host-to-device.
+StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal, bool host_shards = false);
 
 }  // namespace wsync::python

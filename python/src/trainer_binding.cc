@@ -99,7 +99,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
   if (s->config_.cuda_device >= 0) {
-    WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device));
+    WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device, s->config_.host_shards));
     fabric.enable_hmem = true;
     fabric.gpu = s->config_.cuda_device;
   }
@@ -108,7 +108,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   s->engine_ = std::move(engine).value();
   s->fabric_options_ = fabric;
   if (s->device_ != nullptr && !s->engine_->capabilities().cuda_memory) {
-    return FailedPrecondition(me + ": the shards are on " + s->device_->name() + ", but " + s->engine_->Describe() +
+    return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but " + s->engine_->Describe() +
                               "; use a libfabric built with CUDA (FI_HMEM)");
   }
 

@@ -52,6 +52,10 @@ struct TrainerConfig {
   // pipeline's temporary memory and stages go there (pipeline/device.h) and
   // the engine registers device memory (FI_HMEM).
   int cuda_device = -1;
+  // With cuda_device: the shards are in host memory all the same (FSDP2's
+  // CPUOffloadPolicy keeps them pinned there); the copy stage brings them
+  // host-to-device into the arena.
+  bool host_shards = false;
 };
 
 // One local shard as the trainer holds it now: row-major bytes of the

@@ -54,13 +54,14 @@ LR = 1e-2
 # ---------------------------------------------------------------- sharding --
 
 
-def shard_dense(model, world_mesh_1d):
+def shard_dense(model, world_mesh_1d, **fsdp_kwargs):
     """FSDP2 over a 1-D mesh ("dp_shard",): one FSDP unit per decoder layer
-    plus the root (embed_tokens, final norm, lm_head)."""
+    plus the root (embed_tokens, final norm, lm_head). `fsdp_kwargs` go to
+    every fully_shard (e.g. offload_policy=CPUOffloadPolicy())."""
     assert world_mesh_1d.mesh_dim_names == ("dp_shard",), world_mesh_1d.mesh_dim_names
     for layer in model.model.layers:
-        fully_shard(layer, mesh=world_mesh_1d)
-    fully_shard(model, mesh=world_mesh_1d)
+        fully_shard(layer, mesh=world_mesh_1d, **fsdp_kwargs)
+    fully_shard(model, mesh=world_mesh_1d, **fsdp_kwargs)
     return model
 
 

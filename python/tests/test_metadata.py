@@ -62,3 +62,21 @@ def test_dtensor_metadata_equals_the_generator(tmp_path, model):
     assert sorted(got) == sorted(want), (sorted(set(got) ^ set(want)))[:10]
     for key in want:
         assert got[key] == want[key], f"rank {key[0]} tensor '{key[1]}': read {got[key]}, generated {want[key]}"
+
+
+def test_pipeline_device_follows_the_shards_or_the_device_asked_for():
+    """Where TrainerAgent runs the pipeline (FSDP2 CPU offload: shards in host
+    memory, the pipeline on the GPU asked for). Meta tensors stand in for
+    another device kind; the GPU run itself is python/tests/gpu/gpu_sync.py
+    --offload."""
+    import torch
+    from wsync._trainer import _pipeline_device
+    host = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    assert _pipeline_device(host) == (-1, False)
+    assert _pipeline_device(host, "cpu") == (-1, False)
+    assert _pipeline_device(host, "cuda:1") == (1, True)
+    assert _pipeline_device(host, 2) == (2, True)
+    with pytest.raises(ValueError, match="runs on the host or a CUDA device"):
+        _pipeline_device(host, "meta")
+    with pytest.raises(ValueError, match="must all live on one device; found cpu, meta"):
+        _pipeline_device({"a": torch.zeros(2), "b": torch.zeros(2, device="meta")}, "cuda:0")

@@ -68,11 +68,18 @@ class TrainerAgent(SessionOwner):
     collective. The pipeline's all-gathers and barriers run on process
     groups made here for wsync alone, so they never interleave with the
     training loop's collectives.
+
+    The pipeline runs where the shards are: in host memory, or on the one
+    CUDA device they are on. `device` (a CUDA device: "cuda:1", 1) runs it on
+    that GPU while the shards stay in host memory, as FSDP2's
+    CPUOffloadPolicy keeps them: each push copies them host-to-device into
+    the temporary arena (asynchronously from pinned memory) and unshards,
+    quantizes and writes there.
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
                  nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
-                 tls_ca_file=None, checksums=False):
+                 tls_ca_file=None, checksums=False, device=None):
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
@@ -80,7 +87,7 @@ class TrainerAgent(SessionOwner):
         entry, mesh_groups, self._local, _, ordered = describe(model, keep_sharded=keep_sharded, host=host)
         self.registration = dict(entry, mesh_groups=mesh_groups)
         timeout = datetime.timedelta(seconds=timeout_s)
-        self._cuda_device = _shard_device(self._local)
+        self._cuda_device, host_shards = _pipeline_device(self._local, device)
         backend = backend or ("nccl" if self._cuda_device >= 0 else "gloo")
         groups = []
         for ranks in process_group_rank_sets(ordered):
@@ -90,7 +97,7 @@ class TrainerAgent(SessionOwner):
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
                   "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "", "nics": nics, "node": node,
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
-                  "cuda_device": self._cuda_device, "checksums": bool(checksums)}
+                  "cuda_device": self._cuda_device, "host_shards": host_shards, "checksums": bool(checksums)}
         self._session = _C.TrainerSession(json.dumps(config), groups)
         self._groups = groups  # the process groups outlive the session
         self._last = None
@@ -132,18 +139,33 @@ class TrainerAgent(SessionOwner):
 
 
 
-def _shard_device(local):
-    """-1 when every local shard is in host memory, else the one CUDA device
-    they are all on (the pipeline runs there)."""
+def _pipeline_device(local, device=None):
+    """(CUDA device the pipeline runs on or -1 for the host, whether the
+    shards are in host memory while it runs on a GPU).
+
+    Without `device`: where the shards are, all in host memory or all on
+    one CUDA device. With a CUDA `device` the shards may also all be in host
+    memory, as FSDP2's CPUOffloadPolicy keeps them: the pipeline then runs
+    on that GPU and its copy stage brings them host-to-device."""
     devices = {t.device for t in local.values()}
-    cuda = sorted(d.index or 0 for d in devices if d.type == "cuda")
-    if not cuda:
-        return -1
-    others = sorted(str(d) for d in devices if d.type != "cuda")
-    if len(set(cuda)) > 1 or others:
+    names = {f"cuda:{d.index or 0}" if d.type == "cuda" else str(d) for d in devices}
+    if len(names) > 1:
         raise ValueError("wsync.TrainerAgent: a rank's parameters must all live on one device; found "
-                         + ", ".join(sorted({f"cuda:{i}" for i in cuda}) | set(others)))
-    return cuda[0]
+                         + ", ".join(sorted(names)))
+    cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+    if device is None:
+        return (cuda[0] if cuda else -1), False
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cpu":
+        if cuda:
+            raise ValueError(f"wsync.TrainerAgent: device='cpu', but the parameters are on cuda:{cuda[0]}")
+        return -1, False
+    if dev.type != "cuda":
+        raise ValueError(f"wsync.TrainerAgent: device {dev}: the pipeline runs on the host or a CUDA device")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if cuda and cuda[0] != index:
+        raise ValueError(f"wsync.TrainerAgent: device cuda:{index}, but the parameters are on cuda:{cuda[0]}")
+    return index, not cuda
 
 
 class ShardExporter:

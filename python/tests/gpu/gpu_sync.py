@@ -95,18 +95,27 @@ def trainer(args):
     torch.manual_seed(1234)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
-    fsdp_setup.shard_dense(model, init_device_mesh("cuda", (1,), mesh_dim_names=("dp_shard",)))
+    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("dp_shard",))
+    if args.offload:  # the shards in pinned host memory; the pipeline on the GPU all the same
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        fsdp_setup.shard_dense(model, mesh, offload_policy=CPUOffloadPolicy(pin_memory=True))
+    else:
+        fsdp_setup.shard_dense(model, mesh)
+    shard_device = next(model.parameters()).to_local().device
     params = sum(p.numel() for p in model.parameters())
-    print(f"trainer: {params / 1e9:.2f} B parameters on cuda:0 (FSDP2, bf16)", flush=True)
+    print(f"trainer: {params / 1e9:.2f} B parameters, shards on {shard_device} "
+          f"(FSDP2, bf16{', CPUOffloadPolicy' if args.offload else ''})", flush=True)
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
-                              timeout_s=args.timeout, checksums=args.checksums)
-    gen = torch.Generator(device="cuda").manual_seed(7)
+                              timeout_s=args.timeout, checksums=args.checksums,
+                              device="cuda:0" if args.offload else None)
+    gen = torch.Generator(device=shard_device).manual_seed(7)
     updates, replays = [], []
     for v in range(1, args.versions + 1):
         with torch.no_grad():  # a stand-in optimizer step: every weight changes
             for p in model.parameters():
                 p = p.to_local() if hasattr(p, "to_local") else p
-                p.add_(torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.float32).to(p.dtype), alpha=0.01)
+                p.add_(torch.randn(p.shape, generator=gen, device=shard_device, dtype=torch.float32).to(p.dtype),
+                       alpha=0.01)
         torch.cuda.synchronize()
         free_before, total = torch.cuda.mem_get_info()
         torch.cuda.reset_peak_memory_stats()
@@ -133,7 +142,9 @@ def trainer(args):
         report["torch_peak_above_model_bytes"] = torch.cuda.max_memory_allocated() - base
         report["device_free_bytes_before"] = free_before
         report["device_free_bytes_after"] = torch.cuda.mem_get_info()[0]
-        state = {n: t.detach().full_tensor().cpu() for n, t in model.state_dict().items()}
+        # One rank: its shard is the whole tensor (full_tensor of offloaded
+        # shards would need a CPU collective).
+        state = {n: t.detach().to_local().cpu().clone() for n, t in model.state_dict().items()}
         torch.save(state, os.path.join(args.work, "trainer.pt"))
         del state
         with open(os.path.join(args.work, f"trainer-v{v}.json"), "w") as f:
@@ -238,7 +249,7 @@ def job(args):
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
     port = 29500 + secrets.randbelow(1000)
     tr = start("trainer", [sys.executable, me, "trainer", "--watermark-mb", str(args.watermark_mb), *common,
-                           *(["--profile"] if args.profile else [])],
+                           *(["--profile"] if args.profile else []), *(["--offload"] if args.offload else [])],
                {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     rc = 0
     try:
@@ -283,6 +294,8 @@ def main():
     ap.add_argument("--checksums", action="store_true",
                     help="trainer checksums=True; engines verify_checksums=True and verify() after each version")
     ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
+    ap.add_argument("--offload", action="store_true",
+                    help="FSDP2 CPUOffloadPolicy: shards in pinned host memory, TrainerAgent(device='cuda:0')")
     args = ap.parse_args()
     if args.role == "job":
         sys.exit(job(args))
