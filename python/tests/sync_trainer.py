@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--no-tokens", action="store_true", help="skip the static fire (bad-input cases)")
     ap.add_argument("--double-push", action="store_true", help="push twice without waiting (a bad-input case)")
     ap.add_argument("--checksums", action="store_true", help="TrainerAgent(checksums=True)")
+    ap.add_argument("--hold", metavar="FILE",
+                    help="once planned, wait for FILE before the first push (a test acts on a planned job)")
     ap.add_argument("--replay", action="store_true",
                     help="after every version but the last, replay_writes() (the next version restores the bytes)")
     args = ap.parse_args()
@@ -85,6 +87,14 @@ def main():
         exporter = wsync.export_shards(model, job=args.job, layout_path=os.path.join(args.out, "trainer.json"))
         if rank == 0:
             open(os.path.join(args.out, "exported"), "w").close()
+    if args.hold:
+        if rank == 0:
+            open(os.path.join(args.out, "planned"), "w").close()
+        deadline = time.time() + args.timeout
+        while not os.path.exists(args.hold):
+            if time.time() > deadline:
+                raise TimeoutError(f"{args.hold} never appeared")
+            time.sleep(0.05)
     try:
         for v in range(1, args.steps + 1):
             fsdp_setup.train_step(model, optimizer, v, rank)

@@ -380,13 +380,18 @@ def test_second_push_before_reads_done_is_refused(job):
 def test_killed_inference_process_fails_the_version_and_nothing_is_marked_complete(job):
     j = job(heartbeat=3, version_timeout=30)
     engines = [j.engine(r, "--model", "llama") for r in range(ENGINES)]
-    trainers = j.trainers("--model", "llama", "--timeout", "60", "--no-tokens")
-    # Kill engine 1 as soon as it is registered, before any version lands.
+    go = os.path.join(j.out, "go")
+    trainers = j.trainers("--model", "llama", "--timeout", "60", "--no-tokens", "--hold", go)
+    # Kill engine 1 once the job is planned and before version 1 is pushed.
+    # (Killed before the plan, the controller drops it from the world and the
+    # trainers wait for it to come back: another case, another error.)
     deadline = time.time() + TIMEOUT
-    while "registered" not in j.log("engine1"):
-        assert time.time() < deadline, j.log("engine1")
+    while not os.path.exists(os.path.join(j.out, "planned")):
+        assert time.time() < deadline and trainers.poll() is None, j.log("trainers")
         time.sleep(0.05)
     engines[1].send_signal(signal.SIGKILL)
+    engines[1].wait()
+    open(go, "w").close()
     rc = j.wait(trainers, "trainers")
     assert rc != 0
     text = j.log("trainers")
