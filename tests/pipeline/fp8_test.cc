@@ -246,6 +246,34 @@ TEST(Fp8BlockTest, MatchesPerElementBruteForce) {
   }
 }
 
+// Every finite bf16 value under block scales from tiny to huge: each block
+// is one cap (its amax) and then every value no larger, so the vectorized
+// encode meets every quotient range a real block can produce.
+TEST(Fp8BlockTest, EveryFiniteBf16UnderManyScalesMatchesBruteForce) {
+  for (float cap_f : {1e-30f, 3e-7f, 1.0f / 448.0f, 0.02f, 1.0f, 3.5f, 448.0f, 7e4f, 3e38f}) {
+    const uint16_t cap = Fp32ToBf16(cap_f);
+    const float a = Bf16ToFp32(cap);
+    // Block rows of 128 x 128: the cap opens every block, then the values.
+    std::vector<uint16_t> values;
+    for (uint32_t b = 0; b < 0x10000; ++b) {
+      const auto bits = static_cast<uint16_t>(b);
+      if ((bits & 0x7F80u) == 0x7F80u || std::fabs(Bf16ToFp32(bits)) > a) continue;
+      if (values.size() % (128 * 128) == 0) values.push_back(cap);
+      values.push_back(bits);
+    }
+    values.resize((values.size() + 128 * 128 - 1) / (128 * 128) * (128 * 128), 0);
+    const int64_t rows = static_cast<int64_t>(values.size()) / 128;
+    auto q = QuantizeFp8Blocks({values.data(), rows, 128, 128});
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    const float s = a / 448.0f;
+    for (float got : q->scale_inv) ASSERT_EQ(got, s) << "cap " << cap_f;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(q->q[i], RefEncode(Bf16ToFp32(values[i]) / s))
+          << "cap " << cap_f << ", bf16 0x" << std::hex << values[i];
+    }
+  }
+}
+
 TEST(Fp8BlockTest, DequantizedErrorIsWithinHalfAnFp8Step) {
   const TestMatrix m = MakeTestMatrix(257, 385, 385, 2);
   auto q = QuantizeFp8Blocks(m.view());
