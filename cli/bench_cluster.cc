@@ -39,6 +39,7 @@ struct BenchClusterOptions {
   std::string work_dir;
   std::string format = "text";
   bool verify = true;
+  bool exchange = false;
   uint64_t watermark = 256ull << 20;
 };
 
@@ -105,6 +106,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   so.cluster = opt.cluster;
   so.provider = opt.provider;
   so.watermark = opt.watermark;
+  so.exchange = opt.exchange;
   so.job = "bench" + std::to_string(getpid());
   so.work_dir = opt.work_dir.empty() ? "/tmp/wsync-" + so.job : opt.work_dir;
   so.controller = {c.switch_netns(), c.switch_address()};
@@ -251,6 +253,8 @@ void AddBenchCluster(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check of the last update");
+  cmd->add_flag("--exchange", opt->exchange,
+                "unshard by the planned exchange (each trainer rank receives only the rows it writes)");
   cmd->callback([opt] {
     if (opt->updates < 1) {
       std::fprintf(stderr, "wsync bench cluster: --updates must be at least 1\n");

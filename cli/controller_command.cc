@@ -34,6 +34,8 @@ struct ControllerCommandOptions {
   double world_timeout_s = 300;
   double version_timeout_s = 300;
   double heartbeat_timeout_s = 10;
+  bool exchange = false;
+  uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   int threads = 0;
   std::string secret_file;
   std::string tls_cert;
@@ -65,6 +67,8 @@ int RunController(const ControllerCommandOptions& opt) {
   options.world_timeout_s = opt.world_timeout_s;
   options.version_timeout_s = opt.version_timeout_s;
   options.heartbeat_timeout_s = opt.heartbeat_timeout_s;
+  options.exchange = opt.exchange;
+  options.min_shard_piece_bytes = opt.min_shard_piece_bytes;
   options.log = LogLine;
   if (!opt.mapping.empty()) {
     nlohmann::json config;
@@ -152,6 +156,12 @@ void AddControllerCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--heartbeat-timeout", opt->heartbeat_timeout_s,
                   "Seconds of silence after which a rank that sends heartbeats is lost (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--exchange", opt->exchange,
+                "plan the exchange: each trainer rank receives from its FSDP peers only the rows it writes, "
+                "instead of full_tensor (every agent must be restarted when this changes)");
+  cmd->add_option("--min-shard-piece", opt->min_shard_piece_bytes,
+                  "with --exchange: cut a piece at trainer shard edges only where each part keeps this many bytes")
       ->capture_default_str();
   cmd->add_option("--secret-file", opt->secret_file,
                   "job secret (mode 0600; `wsync secret PATH` makes one): every request must be signed with it "

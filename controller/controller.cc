@@ -154,6 +154,8 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   plan_options.trainer_source = "trainer registrations";  // CulpritOf reads these prefixes
   plan_options.inference_source = "inference registrations";
   plan_options.mapping_source = "mapping";
+  plan_options.exchange = options_.exchange;
+  plan_options.min_shard_piece_bytes = options_.min_shard_piece_bytes;
   StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, plan_options);
   if (!table.ok()) return InvalidArgument(table.status().message());
   auto plan = std::make_shared<PlanState>();
@@ -162,7 +164,15 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   plan->trainer_json = std::move(trainer_json);
   plan->inference_json = std::move(inference_json);
   plan->table = std::move(table).value();
-  plan->summary = Summarize(plan->table, LinkModel{});
+  if (options_.exchange) {
+    // The exchange's unshard traffic is only known rank by rank; without it
+    // the summary would predict full_tensor's.
+    StatusOr<std::vector<TrainerRankPlan>> rank_plans = ExtractTrainerRankPlans(plan->table, trainer, inference);
+    if (!rank_plans.ok()) return Internal("rank plans for the summary: " + rank_plans.status().message());
+    plan->summary = Summarize(plan->table, LinkModel{}, &*rank_plans);
+  } else {
+    plan->summary = Summarize(plan->table, LinkModel{});
+  }
   plan->ops_by_trainer.resize(trainer.ranks.size());
   plan->ops_by_inference.resize(inference.ranks.size());
   for (size_t i = 0; i < plan->table.ops.size(); ++i) {
@@ -173,7 +183,10 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
       plan->ops_by_inference[op.dst_rank].push_back(static_cast<uint32_t>(i));
   }
   *plan_text = PlanToJson(plan->table).dump();
-  plan->plan_id = PlanDigest(*plan_text);
+  // plan.json does not keep what each rank exchanges: the digest tells the
+  // two kinds of plan apart, so a controller restarted with the other kind
+  // refuses the persisted world instead of serving different slices.
+  plan->plan_id = PlanDigest(options_.exchange ? *plan_text + "\nunshard=exchange" : *plan_text);
   return std::shared_ptr<const PlanState>(std::move(plan));
 }
 
@@ -262,7 +275,11 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
         std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
         std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
-        " bytes per update; planned in " + secs +
+        " bytes per update; unshard " +
+        (options_.exchange ? "by exchange (" + std::to_string(plan_->summary.exchange_bytes) + " bytes against " +
+                                 std::to_string(plan_->summary.full_tensor_bytes) + " for full_tensor)"
+                           : std::string("by full_tensor")) +
+        "; planned in " + secs +
         (passes > 1 ? ", " + std::to_string(passes) + " passes (ranks registered again meanwhile)"
                     : std::string()));
   }

@@ -32,6 +32,7 @@
 #include "controller/version_tracker.h"
 #include "routing/metadata.h"
 #include "routing/plan_summary.h"
+#include "routing/planner.h"
 #include "routing/routing_table.h"
 
 namespace wsync::controller {
@@ -47,6 +48,10 @@ struct ControllerOptions {
   // declared lost: every running version it has not finished fails, naming
   // it. Ranks that never send heartbeats are not tracked. 0: off.
   double heartbeat_timeout_s = 10;
+  // Plan the exchange instead of full_tensor (PlanOptions::exchange): each
+  // trainer rank receives from its FSDP peers only the rows it writes.
+  bool exchange = false;
+  uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   // One line per event (registration, plan, version finished, timeout).
   std::function<void(const std::string&)> log;
   // Tests: called on the planning thread, without the mutex, before each

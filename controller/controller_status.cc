@@ -79,6 +79,11 @@ json Controller::StatusJson(const std::string& since, Clock::duration wait) {
             {"wire_bytes", plan_->summary.wire_bytes},
             {"dest_bytes", plan_->summary.dest_bytes},
             {"predicted_seconds", plan_->summary.predicted_seconds},
+            // How trainer ranks unshard: "exchange" (only the rows each
+            // writes) or "full_tensor"; the bytes they receive to do it.
+            {"unshard", options_.exchange ? "exchange" : "full_tensor"},
+            {"exchange_bytes", plan_->summary.exchange_bytes},
+            {"full_tensor_bytes", plan_->summary.full_tensor_bytes},
             {"epoch", epoch_},
             // The planning pass (without the lock): assemble + plan + persist.
             // 0 for a plan restored from the state dir.

@@ -113,7 +113,9 @@ StatusOr<std::unique_ptr<LocalSync>> LocalSync::Start(const LocalSyncOptions& in
   sync->secret_path_ = secret;
   WSYNC_ASSIGN_OR_RETURN(sync->specs_, GenerateFromClusterFile(o.cluster));
   const GeneratedSpecs& specs = sync->specs_;
-  WSYNC_ASSIGN_OR_RETURN(sync->table_, Plan(specs.trainer, specs.inference, specs.mapping));
+  PlanOptions plan_options;  // as the controller will plan it
+  plan_options.exchange = o.exchange;
+  WSYNC_ASSIGN_OR_RETURN(sync->table_, Plan(specs.trainer, specs.inference, specs.mapping, plan_options));
   sync->options_.trainers.resize(specs.trainer.ranks.size());
   sync->options_.inference.resize(specs.inference.ranks.size());
 
@@ -167,6 +169,7 @@ Status LocalSync::StartController() {
       "--world-timeout", std::to_string(options_.world_timeout_s),
       "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s),
       "--secret-file", secret_path_};
+  if (options_.exchange) argv.push_back("--exchange");
   WSYNC_ASSIGN_OR_RETURN(controller_, ChildProcess::Spawn("controller", Wrap(host, argv),
                                                           options_.work_dir + "/controller.log"));
   WSYNC_ASSIGN_OR_RETURN(controller_address_, controller_.ReadLine(std::chrono::seconds(30)));

@@ -120,6 +120,49 @@ TEST_F(ControllerTest, StateDirOfAnotherWorldIsRefused) {
   EXPECT_NE(c.status().message().find("fresh --state-dir"), std::string::npos) << c.status().message();
 }
 
+// With the exchange on, trainer ranks are served slices that exchange rows
+// instead of all-gathering, /v1/status says so with the bytes it saves, and
+// a restart with the other kind of plan refuses the state dir rather than
+// serve slices its agents do not hold.
+TEST_F(ControllerTest, ExchangeIsPlannedServedAndKeptAcrossRestarts) {
+  ControllerOptions o = Options();
+  o.exchange = true;
+  o.min_shard_piece_bytes = 0;
+  StartServer(o);
+  RegisterAll();
+  const json s = Status();
+  ASSERT_EQ(s["phase"], "planned");
+  EXPECT_EQ(s["plan"]["unshard"], "exchange");
+  EXPECT_LT(s["plan"]["exchange_bytes"].get<uint64_t>(), s["plan"]["full_tensor_bytes"].get<uint64_t>());
+  // Each rank either exchanges rows or writes straight from its shard; no
+  // source is all-gathered as full_tensor would.
+  size_t exchanged = 0, gathered = 0;
+  for (int r = 0; r < world_.trainers(); ++r) {
+    StatusOr<json> slice = client_->FetchPlan(Role::kTrainer, r, In(5));
+    ASSERT_TRUE(slice.ok()) << slice.status().ToString();
+    for (const json& g : (*slice)["plan"]["groups"])
+      for (const json& src : g["sources"]) {
+        if (src["gather_dim"].get<int>() < 0 || src.contains("recv_rows")) {
+          ++exchanged;
+        } else {
+          ++gathered;
+        }
+      }
+  }
+  EXPECT_GT(exchanged, 0u);
+  EXPECT_EQ(gathered, 0u);
+  StopServer();
+
+  StartServer(o);  // same kind: the same plan
+  EXPECT_EQ(Status()["plan"]["plan_id"], s["plan"]["plan_id"]);
+  StopServer();
+
+  ControllerOptions full = Options();  // the same world, full_tensor
+  StatusOr<std::unique_ptr<Controller>> c = Controller::Create(full);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("fresh --state-dir"), std::string::npos) << c.status().message();
+}
+
 TEST_F(ControllerTest, ClientRetriesUntilTheControllerIsUp) {
   // Find a free port, then start the controller on it a little later.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
