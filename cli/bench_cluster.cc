@@ -15,11 +15,31 @@
 #include "demo/netns_cluster.h"
 #include "demo/rank0_baseline.h"
 #include "models/generate.h"
+#include "routing/plan_summary.h"
+#include "routing/rank_plan.h"
 
 namespace wsync::cli {
 namespace {
 
-constexpr double kTargetLimitRatio = 1.25;  // issue 4: wsync within 25% of the link limit
+constexpr double kTargetLimitRatio = 1.10;  // issue 11: wsync within 10% of the link limit
+constexpr double kTargetPredicted = 0.15;   // issue 11: predicted within 15% of measured
+
+// The predictor's link model for the emulated hosts: one veth per host at
+// the cap, TCP/IP headers over a 1500-byte MTU (1448 payload bytes of 1514
+// on the wire), and inside a host TCP over loopback on cores the agents
+// share (an assumption, not measured here; it matters only for full_tensor,
+// whose all-gathers stay mostly inside a host).
+LinkModel EmulatedLinks(double rate_gbit) {
+  LinkModel m;
+  m.nic_gbps = rate_gbit;
+  m.nic_efficiency = 1448.0 / 1514.0;
+  m.one_link_per_host = true;
+  m.nvlink_gbps = 8.0;
+  m.per_write_us = 5.0;
+  m.allgather_call_us = 300.0;
+  m.barrier_us = 1000.0;
+  return m;
+}
 
 // Default link cap. The issue suggests 2 Gbit/s, but on the 2-core machine
 // this was measured on, demo-moe-4x2-hosts with links uncapped takes
@@ -118,7 +138,8 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
            std::to_string(so.inference.size()) + " inference agents (" + opt.provider + ")");
   std::vector<double> wsync_seconds;
   uint64_t wire_bytes = 0;
-  demo::LinkLimit limit;
+  demo::LinkLimit limit, plan_bytes;
+  PlanSummary predicted;
   std::vector<uint64_t> inference_bytes;
   std::string verified = "not verified";
   uint64_t busiest_measured = 0;
@@ -127,7 +148,14 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
     StatusOr<std::unique_ptr<demo::LocalSync>> sync = demo::LocalSync::Start(so);
     if (!sync.ok()) return Fail("starting wsync", sync.status());
     demo::LocalSync& s = **sync;
-    limit = demo::ComputeLinkLimit(s.table(), s.specs().trainer, s.specs().inference, opt.rate_gbit);
+    limit = demo::ComputeAnyPlanLimit(s.table(), s.specs().trainer, s.specs().inference, opt.rate_gbit);
+    StatusOr<std::vector<TrainerRankPlan>> rank_plans =
+        ExtractTrainerRankPlans(s.table(), s.specs().trainer, s.specs().inference);
+    if (!rank_plans.ok()) return Fail("rank plans", rank_plans.status());
+    plan_bytes = opt.exchange ? demo::ComputeExchangeLinkBytes(s.table(), s.specs().trainer, s.specs().inference,
+                                                               *rank_plans, opt.rate_gbit)
+                              : demo::ComputeLinkLimit(s.table(), s.specs().trainer, s.specs().inference, opt.rate_gbit);
+    if (rate > 0) predicted = Summarize(s.table(), EmulatedLinks(rate), &*rank_plans);
     inference_bytes = demo::InferenceWireBytes(s.table(), s.specs().inference.ranks.size());
     std::vector<uint64_t> tx0(host_names.size()), rx0(host_names.size());
     for (int v = 1; v <= opt.updates + 1; ++v) {
@@ -178,7 +206,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   const double limit_ratio = limit.seconds > 0 ? wsync_s / limit.seconds : 0;
   if (!text) {
     nlohmann::json hosts = nlohmann::json::object();
-    for (const auto& [name, b] : limit.hosts) {
+    for (const auto& [name, b] : plan_bytes.hosts) {
       hosts[name] = {{"write_egress_bytes", b.write_egress}, {"write_ingress_bytes", b.write_ingress},
                      {"gather_egress_bytes", b.gather_egress}, {"gather_ingress_bytes", b.gather_ingress}};
     }
@@ -191,7 +219,12 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
         {"ratio", ratio}, {"trainer_hosts", trainer_hosts}, {"hosts", host_names.size()},
         {"link_limit_seconds", limit.seconds}, {"link_limit_bytes", limit.busiest_bytes},
         {"link_limit_busiest", limit.busiest}, {"wsync_over_limit", limit_ratio},
-        {"target_over_limit", kTargetLimitRatio}, {"measured_busiest_link_bytes", busiest_measured},
+        {"target_over_limit", kTargetLimitRatio}, {"unshard", opt.exchange ? "exchange" : "full_tensor"},
+        {"plan_link_seconds", plan_bytes.seconds}, {"plan_link_bytes", plan_bytes.busiest_bytes},
+        {"plan_link_busiest", plan_bytes.busiest},
+        {"predicted_seconds", predicted.predicted_seconds},
+        {"predicted_reads_done_seconds", predicted.predicted_reads_done_seconds},
+        {"predicted_over_measured", wsync_s > 0 ? predicted.predicted_seconds / wsync_s : 0.0}, {"measured_busiest_link_bytes", busiest_measured},
         {"measured_busiest_link", busiest_measured_where},
         {"measured_link_seconds", rate > 0 ? busiest_measured * 8.0 / (rate * 1e9) : 0.0}, {"verified", verified}, {"link_bytes", hosts}};
     std::printf("%s\n", j.dump(2).c_str());
@@ -210,12 +243,26 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
               rank0_s, base->gathered_bytes / 1e6, base->sent_bytes / 1e6, opt.updates);
   std::printf("  ratio        rank-0 / wsync = %.2fx   (trainer hosts: %d)\n", ratio, trainer_hosts);
   if (limit.seconds > 0) {
-    std::printf("  link limit   %.3f s = %.1f MB over the busiest host link (%s) at %.2f Gbit/s%s\n", limit.seconds,
-                limit.busiest_bytes / 1e6, limit.busiest.c_str(), opt.rate_gbit,
+    std::printf("  link limit   %.3f s = %.1f MB over the busiest host link (%s) at %.2f Gbit/s, for any plan: each\n"
+                "               inference host receives what its ranks hold, and all of it leaves the trainer hosts,\n"
+                "               at best evenly%s\n",
+                limit.seconds, limit.busiest_bytes / 1e6, limit.busiest.c_str(), opt.rate_gbit,
                 rate > 0 ? "" : " (links uncapped in this run: the limit is what a cap would impose)");
     std::printf("  wsync/limit  %.2f  (target <= %.2f)\n", limit_ratio, kTargetLimitRatio);
+    std::printf("  this plan    %.3f s = %.1f MB over its busiest host link (%s): the writes%s\n", plan_bytes.seconds,
+                plan_bytes.busiest_bytes / 1e6, plan_bytes.busiest.c_str(),
+                opt.exchange ? " and the exchange's pieces between hosts (--exchange)"
+                             : " and full_tensor's gathers between hosts, received once per host");
   } else {
     std::printf("  link limit   none (links uncapped: this measures the CPU)\n");
+  }
+  if (rate > 0) {
+    const double err = wsync_s > 0 ? predicted.predicted_seconds / wsync_s - 1 : 0;
+    std::printf("  predicted    %.3f s by the plan summary's model of these links (wsync plan's, one %.2f Gbit/s link\n"
+                "               per host at %.1f%% payload), %+.0f%% against measured (target within %.0f%%); trainer\n"
+                "               stall predicted %.3f s\n",
+                predicted.predicted_seconds, rate, predicted.link.nic_efficiency * 100, err * 100,
+                kTargetPredicted * 100, predicted.predicted_reads_done_seconds);
   }
   std::printf("  measured     %.1f MB per update crossed the busiest link (%s, eth0 counters)", busiest_measured / 1e6,
               busiest_measured_where.c_str());
@@ -225,11 +272,9 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   } else {
     std::printf("\n");
   }
-  std::printf("  limit model  per host and direction: the weight writes of its ranks, plus for full_tensor the part\n"
-              "               of each gathered box no rank on the host holds (received once, as a hierarchical\n"
-              "               all-gather would; inside a host the bytes stay off the link); payload bytes only\n");
-  for (const auto& [name, b] : limit.hosts) {
-    std::printf("    %-10s egress %8.1f MB (writes %.1f + gather %.1f)  ingress %8.1f MB (writes %.1f + gather %.1f)\n",
+  std::printf("  this plan's bytes per host and direction (payload only; inside a host the bytes stay off the link):\n");
+  for (const auto& [name, b] : plan_bytes.hosts) {
+    std::printf("    %-10s egress %8.1f MB (writes %.1f + unshard %.1f)  ingress %8.1f MB (writes %.1f + unshard %.1f)\n",
                 name.c_str(), b.egress() / 1e6, b.write_egress / 1e6, b.gather_egress / 1e6, b.ingress() / 1e6,
                 b.write_ingress / 1e6, b.gather_ingress / 1e6);
   }

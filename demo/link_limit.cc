@@ -3,17 +3,88 @@
 #include <algorithm>
 #include <set>
 
+#include "routing/chunking.h"
+
 namespace wsync::demo {
+namespace {
+
+void FindBusiest(LinkLimit* limit, double rate_gbit) {
+  for (auto& [host, b] : limit->hosts) {
+    if (b.egress() > limit->busiest_bytes) {
+      limit->busiest_bytes = b.egress();
+      limit->busiest = host + " egress";
+    }
+    if (b.ingress() > limit->busiest_bytes) {
+      limit->busiest_bytes = b.ingress();
+      limit->busiest = host + " ingress";
+    }
+  }
+  limit->seconds = rate_gbit > 0 ? limit->busiest_bytes * 8.0 / (rate_gbit * 1e9) : 0;
+}
+
+void AddWrites(const RoutingTable& table, const TrainerSpec& trainer, const InferenceSpec& inference,
+               LinkLimit* limit) {
+  for (const TrainerRank& r : trainer.ranks) limit->hosts[r.host];
+  for (const InferenceRank& r : inference.ranks) limit->hosts[r.host];
+  for (const WriteOp& op : table.ops) {
+    limit->hosts[trainer.ranks[op.src_rank].host].write_egress += op.bytes;
+    limit->hosts[inference.ranks[op.dst_rank].host].write_ingress += op.bytes;
+  }
+}
+
+}  // namespace
+
+LinkLimit ComputeAnyPlanLimit(const RoutingTable& table, const TrainerSpec& trainer, const InferenceSpec& inference,
+                              double rate_gbit) {
+  LinkLimit limit;
+  std::set<std::string> trainer_hosts;
+  for (const TrainerRank& r : trainer.ranks) trainer_hosts.insert(r.host);
+  for (const InferenceRank& r : inference.ranks) limit.hosts[r.host];
+  uint64_t total = 0;
+  for (const DestTensor& d : table.destinations) {
+    limit.hosts[inference.ranks[d.rank].host].write_ingress += d.bytes + d.scale_bytes;
+    total += d.bytes + d.scale_bytes;
+  }
+  const uint64_t share = trainer_hosts.empty() ? 0 : (total + trainer_hosts.size() - 1) / trainer_hosts.size();
+  for (const std::string& h : trainer_hosts) limit.hosts[h].write_egress = share;
+  FindBusiest(&limit, rate_gbit);
+  return limit;
+}
+
+LinkLimit ComputeExchangeLinkBytes(const RoutingTable& table, const TrainerSpec& trainer,
+                                   const InferenceSpec& inference, const std::vector<TrainerRankPlan>& rank_plans,
+                                   double rate_gbit) {
+  LinkLimit limit;
+  AddWrites(table, trainer, inference, &limit);
+  const auto host = [&](int32_t r) -> const std::string& { return trainer.ranks[r].host; };
+  for (const TrainerRankPlan& plan : rank_plans) {
+    for (const RankMeshGroup& group : plan.groups) {
+      for (const RankSource& src : group.sources) {
+        if (src.gather_dim < 0) continue;
+        double row_bytes = DTypeSize(src.dtype);
+        for (int d = 0; d < src.held.ndim; ++d)
+          if (d != src.gather_dim) row_bytes *= static_cast<double>(src.held.size[d]);
+        const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
+        for (int64_t i = 0; i < parts; ++i) {
+          const int32_t peer = src.gather_ranks[i];
+          if (peer == plan.rank || host(peer) == host(plan.rank)) continue;
+          const int64_t rows =
+              src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[src.gather_dim], parts, i).size;
+          const auto bytes = static_cast<uint64_t>(row_bytes * static_cast<double>(rows));
+          limit.hosts[host(plan.rank)].gather_ingress += bytes;
+          limit.hosts[host(peer)].gather_egress += bytes;
+        }
+      }
+    }
+  }
+  FindBusiest(&limit, rate_gbit);
+  return limit;
+}
 
 LinkLimit ComputeLinkLimit(const RoutingTable& table, const TrainerSpec& trainer, const InferenceSpec& inference,
                            double rate_gbit) {
   LinkLimit limit;
-  for (const TrainerRank& r : trainer.ranks) limit.hosts[r.host];
-  for (const InferenceRank& r : inference.ranks) limit.hosts[r.host];
-  for (const WriteOp& op : table.ops) {
-    limit.hosts[trainer.ranks[op.src_rank].host].write_egress += op.bytes;
-    limit.hosts[inference.ranks[op.dst_rank].host].write_ingress += op.bytes;
-  }
+  AddWrites(table, trainer, inference, &limit);
 
   // Local (pre-unshard) shard bytes per (tensor, rank).
   std::map<std::string, std::map<int32_t, uint64_t>> local;
@@ -50,17 +121,7 @@ LinkLimit ComputeLinkLimit(const RoutingTable& table, const TrainerSpec& trainer
       }
     }
   }
-  for (auto& [host, b] : limit.hosts) {
-    if (b.egress() > limit.busiest_bytes) {
-      limit.busiest_bytes = b.egress();
-      limit.busiest = host + " egress";
-    }
-    if (b.ingress() > limit.busiest_bytes) {
-      limit.busiest_bytes = b.ingress();
-      limit.busiest = host + " ingress";
-    }
-  }
-  limit.seconds = rate_gbit > 0 ? limit.busiest_bytes * 8.0 / (rate_gbit * 1e9) : 0;
+  FindBusiest(&limit, rate_gbit);
   return limit;
 }
 

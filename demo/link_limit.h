@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "routing/metadata.h"
+#include "routing/rank_plan.h"
 #include "routing/routing_table.h"
 
 namespace wsync::demo {
@@ -38,5 +40,22 @@ struct LinkLimit {
 
 LinkLimit ComputeLinkLimit(const RoutingTable& table, const TrainerSpec& trainer, const InferenceSpec& inference,
                            double rate_gbit);
+
+// The limit for any plan, from the layouts alone: every inference host must
+// receive what its ranks hold (weights and scales: `table.destinations`, the
+// engines' layout, not the plan's writes), and all of it must leave the
+// trainer hosts, at best evenly (each its share, as writes or exchange).
+// Per host: write_ingress for an inference host, write_egress (the share)
+// for a trainer host.
+LinkLimit ComputeAnyPlanLimit(const RoutingTable& table, const TrainerSpec& trainer, const InferenceSpec& inference,
+                              double rate_gbit);
+
+// The planned exchange's bytes between hosts, from the trainer rank plans
+// (what the executor moves): per host, gather_ingress / gather_egress, with
+// the writes as in ComputeLinkLimit. For a plan whose sources all-gather it
+// counts each peer's chunk (a direct all-gather).
+LinkLimit ComputeExchangeLinkBytes(const RoutingTable& table, const TrainerSpec& trainer,
+                                   const InferenceSpec& inference, const std::vector<TrainerRankPlan>& rank_plans,
+                                   double rate_gbit);
 
 }  // namespace wsync::demo

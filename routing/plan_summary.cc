@@ -90,12 +90,13 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
 
   const size_t num_groups = table.mesh_groups.size();
   const size_t nt = table.trainer_endpoints.size();
-  // NIC ids: one per distinct (host, nic) on each side.
-  auto nic_ids = [](const std::vector<Endpoint>& eps, std::vector<int32_t>* of_rank) {
+  // NIC ids: one per distinct (host, nic) on each side (per host when they
+  // share one link).
+  auto nic_ids = [&link](const std::vector<Endpoint>& eps, std::vector<int32_t>* of_rank) {
     std::map<std::pair<std::string, int32_t>, int32_t> ids;
     of_rank->resize(eps.size());
     for (size_t r = 0; r < eps.size(); ++r) {
-      auto [it, inserted] = ids.emplace(std::make_pair(eps[r].host, eps[r].nic),
+      auto [it, inserted] = ids.emplace(std::make_pair(eps[r].host, link.one_link_per_host ? 0 : eps[r].nic),
                                         static_cast<int32_t>(ids.size()));
       (*of_rank)[r] = it->second;
     }
@@ -221,6 +222,12 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
     }
   }
 
+  // Unshard bytes from other hosts enter through the rank's NIC, which the
+  // ranks sharing it share.
+  std::vector<std::vector<double>> g_unshard_recv(num_groups, std::vector<double>(num_tnics, 0));
+  for (size_t g = 0; g < num_groups; ++g)
+    for (size_t r = 0; r < nt; ++r) g_unshard_recv[g][tnic_of[r]] += g_gather_nic[g][r];
+
   const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
   const double nvlink_bps = BytesPerSecond(link.nvlink_gbps);
   std::vector<double> rank_path(nt, 0), rank_reads_done(nt, 0);
@@ -235,7 +242,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
       rank_bytes.push_back(g_sent[g][r]);
       m.wire_bytes += static_cast<uint64_t>(g_sent[g][r]);
       m.writes += static_cast<uint64_t>(g_writes[g][r]);
-      const double ag = std::max(g_gather[g][r] / nvlink_bps, g_gather_nic[g][r] / nic_bps) +
+      const double ag = std::max(g_gather[g][r] / nvlink_bps, g_unshard_recv[g][tnic_of[r]] / nic_bps) +
                         g_calls[g][r] * link.allgather_call_us * 1e-6;
       m.unshard_bytes += static_cast<uint64_t>(g_gather[g][r] + g_gather_nic[g][r]);
       const double wr = (g_tnic[g][tnic_of[r]] + g_unshard_send[g][tnic_of[r]]) / nic_bps +
@@ -316,7 +323,7 @@ std::string FormatSummaryText(const PlanSummary& s) {
     << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
   o << "  trainer stall (until every rank has read its last shard) " << Seconds(s.predicted_reads_done_seconds)
     << "\n";
-  o << "  link model: NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
+  o << "  link model: " << (l.one_link_per_host ? "one link per host, " : "") << "NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
     << "% efficiency per direction; " << l.per_write_us << " us to post a write; unshard ("
     << (s.from_rank_plans ? "the rank plans' exchange and all-gathers, peer by peer" : "full_tensor")
     << ") over NVLink " << l.nvlink_gbps << " Gbit/s inside a host and the NICs across hosts, + " << l.allgather_call_us
@@ -367,7 +374,8 @@ std::string FormatSummaryJson(const PlanSummary& s) {
                      {"per_write_us", s.link.per_write_us},
                      {"nvlink_gbps", s.link.nvlink_gbps},
                      {"allgather_call_us", s.link.allgather_call_us},
-                     {"barrier_us", s.link.barrier_us}};
+                     {"barrier_us", s.link.barrier_us},
+                     {"one_link_per_host", s.link.one_link_per_host}};
   return j.dump(2);
 }
 

@@ -29,6 +29,9 @@ struct LinkModel {
   double nvlink_gbps = 3600.0;      // per GPU, each direction (H100/H200: 450 GB/s)
   double allgather_call_us = 150.0; // fixed cost of one unshard collective (launch + sync)
   double barrier_us = 200.0;        // one Gloo barrier between MeshGroups
+  // Every NIC of a host shares one link (an emulated host's one veth, or a
+  // host whose NICs sit behind one uplink): bytes are counted per host.
+  bool one_link_per_host = false;
 };
 
 struct Distribution {

@@ -95,5 +95,60 @@ TEST(LinkLimitTest, GatherGroupInsideOneHostStaysOffTheLink) {
   EXPECT_EQ(limit.busiest_bytes, 0u);
 }
 
+// Whatever the plan, inference host C must receive the 100 + 4 bytes its
+// rank holds, and the two trainer hosts must send them, at best 52 each.
+TEST(LinkLimitTest, AnyPlanLimitIsWhatTheEnginesHoldSharedByTheTrainerHosts) {
+  Case c;
+  DestTensor w;
+  w.rank = 0;
+  w.bytes = 100;
+  w.scale_bytes = 4;
+  c.table.destinations.push_back(w);
+  WriteOp op;  // the plan's writes do not enter this limit
+  op.src_rank = 0;
+  op.dst_rank = 0;
+  op.bytes = 1000;
+  c.table.ops.push_back(op);
+  const LinkLimit limit = ComputeAnyPlanLimit(c.table, c.trainer, c.inference, 1.0);
+  EXPECT_EQ(limit.hosts.at("C").ingress(), 104u);
+  EXPECT_EQ(limit.hosts.at("A").egress(), 52u);
+  EXPECT_EQ(limit.hosts.at("B").egress(), 52u);
+  EXPECT_EQ(limit.busiest, "C ingress");
+  EXPECT_DOUBLE_EQ(limit.seconds, 104 * 8 / 1e9);
+}
+
+// Rank 0 (host A) exchanges with rank 2 (host B) and receives 1 row of a
+// 4x4 bf16 box (8 bytes); rank 1 (A) all-gathers with rank 3 (B) and
+// receives rank 3's chunk, 2 rows (16 bytes). Peers on the same host cost
+// the link nothing.
+TEST(LinkLimitTest, ExchangeBytesCountOnlyThePiecesThatCrossHosts) {
+  Case c;
+  auto source = [](std::vector<int32_t> ranks) {
+    RankSource s;
+    s.name = "w";
+    s.dtype = DType::kBF16;
+    s.held = Whole(4, 4);
+    s.gather_dim = 0;
+    s.gather_ranks = std::move(ranks);
+    return s;
+  };
+  std::vector<TrainerRankPlan> plans(4);
+  for (int32_t r = 0; r < 4; ++r) plans[r].rank = r;
+  RankSource x = source({0, 2});
+  x.recv_rows = {{0, 0}, {2, 1}};
+  x.send_rows = {{0, 0}, {0, 1}};
+  RankSource g = source({1, 3});
+  RankSource local = source({0, 1});  // both on host A
+  plans[0].groups.push_back(RankMeshGroup{});
+  plans[0].groups[0].sources = {x};
+  plans[1].groups.push_back(RankMeshGroup{});
+  plans[1].groups[0].sources = {g, local};
+  const LinkLimit bytes = ComputeExchangeLinkBytes(c.table, c.trainer, c.inference, plans, 1.0);
+  EXPECT_EQ(bytes.hosts.at("A").gather_ingress, 24u);
+  EXPECT_EQ(bytes.hosts.at("B").gather_egress, 24u);
+  EXPECT_EQ(bytes.hosts.at("A").gather_egress, 0u);
+  EXPECT_EQ(bytes.busiest, "A ingress");
+}
+
 }  // namespace
 }  // namespace wsync::demo

@@ -1,0 +1,56 @@
+// Summarize's link terms on a hand-made table whose times are worked out by
+// hand: two trainer ranks on host A (NICs 0 and 1) each write 1 GB, one to
+// each of two inference ranks on host B (NICs 0 and 1), over 8 Gbit/s
+// (1 GB/s) links with no fixed costs.
+#include <gtest/gtest.h>
+
+#include "routing/plan_summary.h"
+
+namespace wsync {
+namespace {
+
+RoutingTable TwoByTwo() {
+  RoutingTable t;
+  t.mesh_groups.push_back({"g", {0, 1}});
+  t.trainer_endpoints = {{"A", 0, 0}, {"A", 1, 1}};
+  t.inference_endpoints = {{"B", 0, 0}, {"B", 1, 1}};
+  for (int32_t r : {0, 1}) {
+    WriteOp op;
+    op.src_rank = r;
+    op.dst_rank = r;
+    op.bytes = 1'000'000'000;
+    op.mesh_group = 0;
+    t.ops.push_back(op);
+  }
+  return t;
+}
+
+LinkModel Plain() {
+  LinkModel m;
+  m.nic_gbps = 8;
+  m.nic_efficiency = 1;
+  m.per_write_us = 0;
+  m.allgather_call_us = 0;
+  m.barrier_us = 0;
+  return m;
+}
+
+TEST(PlanSummaryTest, EachNicCarriesItsOwnRanksBytes) {
+  const PlanSummary s = Summarize(TwoByTwo(), Plain());
+  EXPECT_DOUBLE_EQ(s.receive_bound_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(s.sender_bound_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(s.predicted_seconds, 1.0);
+}
+
+TEST(PlanSummaryTest, OneLinkPerHostCarriesEveryRankOfTheHost) {
+  LinkModel m = Plain();
+  m.one_link_per_host = true;
+  const PlanSummary s = Summarize(TwoByTwo(), m);
+  EXPECT_DOUBLE_EQ(s.receive_bound_seconds, 2.0);  // B's one link receives both GB
+  EXPECT_DOUBLE_EQ(s.sender_bound_seconds, 2.0);   // A's one link sends both
+  EXPECT_DOUBLE_EQ(s.predicted_seconds, 2.0);
+  EXPECT_EQ(s.receiver_nic_bytes.count, 1u);
+}
+
+}  // namespace
+}  // namespace wsync
