@@ -72,7 +72,7 @@ int RunPlan(const PlanCommandOptions& opt) {
   const PlanSummary summary = Summarize(*table, opt.link, rank_plans.ok() ? &*rank_plans : nullptr);
   // Render everything before writing anything: nothing is half-written.
   std::string plan_text, svg_text;
-  if (!opt.out.empty()) plan_text = PlanToJson(*table).dump() + "\n";
+  if (!opt.out.empty()) plan_text = PlanToText(*table) + "\n";
   if (!opt.heatmap.empty()) svg_text = RenderTrafficHeatmapSvg(*table);
   if (!opt.write_specs.empty()) {
     std::error_code ec;

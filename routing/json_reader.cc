@@ -204,9 +204,11 @@ StatusOr<json> ReadJsonFile(const std::string& path) {
 }
 
 Status WriteJsonFileAtomic(const json& j, const std::string& path, int indent) {
+  return WriteTextFileAtomic(j.dump(indent, ' ', false, json::error_handler_t::replace) + '\n', path);
+}
+
+Status WriteTextFileAtomic(const std::string& text, const std::string& path) {
   const std::string tmp = path + ".tmp";
-  std::string text = j.dump(indent, ' ', false, json::error_handler_t::replace);
-  text += '\n';
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Internal(tmp + ": cannot create: " + std::strerror(errno));
   const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();

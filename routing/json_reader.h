@@ -71,5 +71,7 @@ StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
 // Writes `j` to `path` through a temp file + rename, so readers never see a
 // half-written file. indent < 0 writes compactly.
 Status WriteJsonFileAtomic(const nlohmann::json& j, const std::string& path, int indent);
+// `text` as it is, through a temp file and a rename.
+Status WriteTextFileAtomic(const std::string& text, const std::string& path);
 
 }  // namespace wsync

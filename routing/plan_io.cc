@@ -1,5 +1,7 @@
 #include "routing/plan_io.h"
 
+#include <charconv>
+
 #include "routing/json_reader.h"
 
 namespace wsync {
@@ -42,9 +44,8 @@ bool ReadInt(const json& v, int64_t* out) {
   return true;
 }
 
-}  // namespace
-
-json PlanToJson(const RoutingTable& table) {
+// Everything of PlanToJson but the ops.
+json PlanHeadJson(const RoutingTable& table) {
   json groups = json::array();
   for (const MeshGroupInfo& g : table.mesh_groups) groups.push_back({{"name", g.name}, {"ranks", g.ranks}});
   json sources = json::array();
@@ -61,18 +62,89 @@ json PlanToJson(const RoutingTable& table) {
                     {"offset", d.scale_where.offset}, {"bytes", d.scale_bytes}};
     dests.push_back(std::move(j));
   }
-  json ops = json::array();
-  for (const WriteOp& op : table.ops)
-    ops.push_back(json::array({op.mesh_group, op.src_rank, op.src, op.dst_rank, op.dst,
-                               op.kind == WriteKind::kScale ? "s" : "w", BoxArray(op.src_box, false),
-                               BoxArray(op.src_box, true), op.dst_offset, op.bytes}));
   return {{"schema", kPlanSchema},
           {"mesh_groups", std::move(groups)},
           {"sources", std::move(sources)},
           {"destinations", std::move(dests)},
-          {"ops", std::move(ops)},
           {"trainer_endpoints", EndpointsJson(table.trainer_endpoints)},
           {"inference_endpoints", EndpointsJson(table.inference_endpoints)}};
+}
+
+json OpJson(const WriteOp& op) {
+  return json::array({op.mesh_group, op.src_rank, op.src, op.dst_rank, op.dst, op.kind == WriteKind::kScale ? "s" : "w",
+                      BoxArray(op.src_box, false), BoxArray(op.src_box, true), op.dst_offset, op.bytes});
+}
+
+template <typename T>
+void AppendInt(std::string* out, T v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, r.ptr);
+}
+
+// OpJson(op).dump(), appended.
+void AppendOp(std::string* out, const WriteOp& op) {
+  *out += '[';
+  for (int64_t v : {int64_t{op.mesh_group}, int64_t{op.src_rank}, int64_t{op.src}, int64_t{op.dst_rank},
+                    int64_t{op.dst}}) {
+    AppendInt(out, v);
+    *out += ',';
+  }
+  *out += op.kind == WriteKind::kScale ? "\"s\"," : "\"w\",";
+  for (bool sizes : {false, true}) {
+    *out += '[';
+    for (int d = 0; d < op.src_box.ndim; ++d) {
+      if (d > 0) *out += ',';
+      AppendInt(out, sizes ? op.src_box.size[d] : op.src_box.offset[d]);
+    }
+    *out += "],";
+  }
+  AppendInt(out, op.dst_offset);
+  *out += ',';
+  AppendInt(out, op.bytes);
+  *out += ']';
+}
+
+}  // namespace
+
+json PlanToJson(const RoutingTable& table) {
+  json j = PlanHeadJson(table);
+  json ops = json::array();
+  for (const WriteOp& op : table.ops) ops.push_back(OpJson(op));
+  j["ops"] = std::move(ops);
+  return j;
+}
+
+std::string PlanToText(const RoutingTable& table) {
+  // dump() writes an object's keys sorted; "ops" sorts between
+  // "mesh_groups" and "schema".
+  const json head = PlanHeadJson(table);
+  std::string out = "{";
+  bool first = true, ops_done = false;
+  auto key = [&](const std::string& k) {
+    if (!first) out += ',';
+    first = false;
+    out += json(k).dump(-1, ' ', false, json::error_handler_t::replace);
+    out += ':';
+  };
+  auto ops = [&] {
+    key("ops");
+    out += '[';
+    for (size_t i = 0; i < table.ops.size(); ++i) {
+      if (i > 0) out += ',';
+      AppendOp(&out, table.ops[i]);
+    }
+    out += ']';
+    ops_done = true;
+  };
+  for (const auto& [k, v] : head.items()) {
+    if (!ops_done && k > "ops") ops();
+    key(k);
+    out += v.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (!ops_done) ops();
+  out += '}';
+  return out;
 }
 
 StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {
@@ -167,7 +239,7 @@ StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {
 }
 
 Status WritePlanFile(const RoutingTable& table, const std::string& path) {
-  return WriteJsonFileAtomic(PlanToJson(table), path, -1);
+  return WriteTextFileAtomic(PlanToText(table) + "\n", path);
 }
 
 }  // namespace wsync

@@ -159,6 +159,9 @@ TEST(SpecIoTest, PlanJsonRoundTripsAndWritesAtomically) {
   auto table = Plan(*trainer, *inference, *mapping);
   ASSERT_TRUE(table.ok()) << table.status().message();
   json j = PlanToJson(*table);
+  // The streamed text (what the controller digests and persists) is the
+  // tree's own dump, byte for byte.
+  EXPECT_EQ(PlanToText(*table), j.dump());
   EXPECT_EQ(j["schema"], "wsync.plan/v1");
   EXPECT_EQ(j["ops"].size(), table->ops.size());
   auto back = PlanFromJson(j, "plan.json");
