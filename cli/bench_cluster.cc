@@ -150,7 +150,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
     demo::LocalSync& s = **sync;
     limit = demo::ComputeAnyPlanLimit(s.table(), s.specs().trainer, s.specs().inference, opt.rate_gbit);
     StatusOr<std::vector<TrainerRankPlan>> rank_plans =
-        ExtractTrainerRankPlans(s.table(), s.specs().trainer, s.specs().inference);
+        ExtractTrainerRankPlans(s.table(), s.specs().trainer, s.specs().inference, /*writes=*/false);
     if (!rank_plans.ok()) return Fail("rank plans", rank_plans.status());
     plan_bytes = opt.exchange ? demo::ComputeExchangeLinkBytes(s.table(), s.specs().trainer, s.specs().inference,
                                                                *rank_plans, opt.rate_gbit)

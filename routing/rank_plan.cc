@@ -321,9 +321,9 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
 }
 
 StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
-                                                               const InferenceSpec& inference) {
+                                                               const InferenceSpec& inference, bool writes) {
   std::vector<std::vector<uint32_t>> ops_of(trainer.ranks.size());
-  for (size_t i = 0; i < table.ops.size(); ++i) {
+  for (size_t i = 0; writes && i < table.ops.size(); ++i) {
     const int32_t r = table.ops[i].src_rank;
     if (r >= 0 && static_cast<size_t>(r) < ops_of.size()) ops_of[r].push_back(static_cast<uint32_t>(i));
   }

@@ -122,9 +122,12 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
                                                  const InferenceSpec& inference, int32_t rank,
                                                  const std::vector<uint32_t>* rank_ops = nullptr);
 // Every trainer rank's plan, indexing the table's ops once. Fails like
-// ExtractTrainerRankPlan, on the first rank the pipeline refuses.
+// ExtractTrainerRankPlan, on the first rank the pipeline refuses. Without
+// `writes`, each rank's unshard only (sources, held boxes, exchange rows; no
+// writes and no peers): what the plan summary needs, at a fraction of the
+// cost and memory of a plan with millions of writes.
 StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
-                                                               const InferenceSpec& inference);
+                                                               const InferenceSpec& inference, bool writes = true);
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
                                            const std::vector<uint32_t>* rank_ops = nullptr);
 
