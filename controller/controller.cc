@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <thread>
 
 #include "routing/plan_io.h"
 #include "routing/planner.h"
@@ -167,7 +168,8 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   if (options_.exchange) {
     // The exchange's unshard traffic is only known rank by rank; without it
     // the summary would predict full_tensor's.
-    StatusOr<std::vector<TrainerRankPlan>> rank_plans = ExtractTrainerRankPlans(plan->table, trainer, inference);
+    StatusOr<std::vector<TrainerRankPlan>> rank_plans =
+        ExtractTrainerRankPlans(plan->table, trainer, inference, /*writes=*/false);
     if (!rank_plans.ok()) return Internal("rank plans for the summary: " + rank_plans.status().message());
     plan->summary = Summarize(plan->table, LinkModel{}, &*rank_plans);
   } else {
@@ -182,7 +184,7 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
     if (op.dst_rank >= 0 && static_cast<size_t>(op.dst_rank) < plan->ops_by_inference.size())
       plan->ops_by_inference[op.dst_rank].push_back(static_cast<uint32_t>(i));
   }
-  *plan_text = PlanToJson(plan->table).dump();
+  *plan_text = PlanToText(plan->table);
   // plan.json does not keep what each rank exchanges: the digest tells the
   // two kinds of plan apart, so a controller restarted with the other kind
   // refuses the persisted world instead of serving different slices.
@@ -374,7 +376,7 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
   PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
                            ToJson(options_.mapping), plan->plan_id, epoch};
   // Persist first: a restarted controller must serve what agents now hold.
-  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, PlanToJson(plan->table).dump()));
+  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, PlanToText(plan->table)));
   epoch_ = epoch;
   InstallPlanLocked(std::move(plan));
   const std::string why = std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again" +
@@ -552,27 +554,47 @@ StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role
     return FailedPrecondition(msg);
   }
   auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
+  const std::pair<Role, int32_t> me{role, rank};
+  const size_t builders = std::max(2u, std::thread::hardware_concurrency());
+  const bool may_build = cv_.wait_until(lock, until, [&] {
+    return shutdown_ || cache.count(rank) > 0 || (building_.size() < builders && building_.count(me) == 0);
+  });
   if (auto it = cache.find(rank); it != cache.end()) return it->second;
+  if (shutdown_) return Aborted("controller is shutting down");
+  if (!may_build)  // agents retry on FailedPrecondition, as while the plan is computed
+    return FailedPrecondition("planned; " + std::to_string(building_.size()) +
+                              " slices being built (a few at once); ask again");
+  building_.insert(me);
   // Extract without the lock: the plan is immutable and shared.
   const std::shared_ptr<const PlanState> plan = plan_;
   const uint64_t epoch = epoch_;  // changes only with plan_
   lock.unlock();
+  StatusOr<std::shared_ptr<const std::string>> text = BuildSlice(*plan, epoch, role, rank);
+  lock.lock();
+  building_.erase(me);
+  cv_.notify_all();
+  if (text.ok() && plan_ == plan) cache.emplace(rank, *text);
+  return text;
+}
+
+StatusOr<std::shared_ptr<const std::string>> Controller::BuildSlice(const PlanState& plan, uint64_t epoch, Role role,
+                                                                    int32_t rank) {
   json slice = {{"schema", "wsync.plan_slice/v1"},
                 {"role", RoleName(role)},
                 {"rank", rank},
-                {"plan_id", plan->plan_id},
+                {"plan_id", plan.plan_id},
                 {"epoch", epoch}};
   if (role == Role::kTrainer) {
     StatusOr<TrainerRankPlan> rank_plan =
-        ExtractTrainerRankPlan(plan->table, plan->trainer, plan->inference, rank, &plan->ops_by_trainer[rank]);
+        ExtractTrainerRankPlan(plan.table, plan.trainer, plan.inference, rank, &plan.ops_by_trainer[rank]);
     if (!rank_plan.ok())
       return Internal("trainer rank " + std::to_string(rank) + ": " + rank_plan.status().message());
     slice["plan"] = ToJson(*rank_plan);
   } else {
-    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan->table, rank, &plan->ops_by_inference[rank]);
+    InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan.table, rank, &plan.ops_by_inference[rank]);
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
-    for (uint32_t i : plan->ops_by_inference[rank]) {
-      const WriteOp& op = plan->table.ops[i];
+    for (uint32_t i : plan.ops_by_inference[rank]) {
+      const WriteOp& op = plan.table.ops[i];
       by_trainer[op.src_rank].first += 1;
       by_trainer[op.src_rank].second += op.bytes;
     }
@@ -584,11 +606,7 @@ StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role
     slice["writes_by_trainer"] = std::move(per);
     slice["plan"] = ToJson(rank_plan);
   }
-  auto text = std::make_shared<const std::string>(slice.dump());
-  slice = json();  // free the tree before taking the lock
-  lock.lock();
-  if (plan_ == plan) cache.emplace(rank, text);
-  return text;
+  return std::make_shared<const std::string>(slice.dump());
 }
 
 void Controller::KvSet(const std::string& key, std::string value) {

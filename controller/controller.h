@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -238,6 +239,9 @@ class Controller {
     // would otherwise each scan ~1M writes).
     std::vector<std::vector<uint32_t>> ops_by_trainer, ops_by_inference;
   };
+  // One rank's plan slice as served, from an immutable plan (no lock).
+  static StatusOr<std::shared_ptr<const std::string>> BuildSlice(const PlanState& plan, uint64_t epoch, Role role,
+                                                                 int32_t rank);
   // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
   StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
                                                        nlohmann::json trainer_json, nlohmann::json inference_json,
@@ -261,6 +265,11 @@ class Controller {
   // after a restart again.
   std::map<int32_t, std::shared_ptr<const std::string>> trainer_slices_ WSYNC_GUARDED_BY(mu_);
   std::map<int32_t, std::shared_ptr<const std::string>> inference_slices_ WSYNC_GUARDED_BY(mu_);
+  // Slices being built (without the lock), at most one per rank and a few
+  // at once: a build's JSON tree is several times its text, and 384 at
+  // once held 23 GB for Kimi-K2's exchange plan (12 M writes) until the
+  // OOM killer ended the controller.
+  std::set<std::pair<Role, int32_t>> building_ WSYNC_GUARDED_BY(mu_);
 
   VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
   // When each rank that sends heartbeats was last heard from, and the ranks

@@ -4,6 +4,7 @@
 // sleeps): the test knows planning is in progress because the hook said so,
 // and lets it finish when it has seen what it wanted.
 #include <future>
+#include <set>
 #include <thread>
 
 #include "controller_fixture.h"
@@ -121,6 +122,27 @@ TEST_F(PlanningTest, BrokenRankRegisteredDuringPlanningIsDroppedByTheNextPass) {
   EXPECT_NE(plan.status().message().find("'placement'"), std::string::npos) << plan.status().message();
   ASSERT_TRUE(client_->RegisterTrainerJson(world_.TrainerBody(1)).ok());
   EXPECT_EQ(Status()["phase"], "planned");
+}
+
+// Agents asking for the same slice at once get one build of it, shared: a
+// slice is built once per rank however many ask (each build's JSON tree is
+// several times its text; see Controller::building_).
+TEST_F(PlanningTest, ConcurrentRequestsForOneSliceShareOneBuild) {
+  StartServer();
+  RegisterAll();
+  std::vector<std::future<StatusOr<std::shared_ptr<const std::string>>>> asks;
+  for (int i = 0; i < 16; ++i) {
+    asks.push_back(std::async(std::launch::async, [this] {
+      return controller_->PlanSliceText(Role::kTrainer, 0, std::chrono::seconds(5));
+    }));
+  }
+  std::set<const std::string*> texts;
+  for (auto& a : asks) {
+    StatusOr<std::shared_ptr<const std::string>> t = a.get();
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    texts.insert(t->get());
+  }
+  EXPECT_EQ(texts.size(), 1u);
 }
 
 }  // namespace
