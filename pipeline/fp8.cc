@@ -51,7 +51,10 @@ uint16_t AbsMaxBits(const uint16_t* p, int64_t n) {
 // branches so that it vectorizes: the same code, bit for bit, checked on
 // every finite bf16 against several scales (fp8_test.cc). The division stays
 // a division (x * (1 / s) rounds differently). The quotient is finite here.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (Not under the sanitizers: an ifunc resolver runs before their runtime is
+// up, and TSan builds then crash at start.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void EncodeE4M3Run(const uint16_t* p, int64_t n, float s, uint8_t* out) {
