@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <set>
 
-#include "routing/chunking.h"
-
 namespace wsync::demo {
 namespace {
 
@@ -61,16 +59,10 @@ LinkLimit ComputeExchangeLinkBytes(const RoutingTable& table, const TrainerSpec&
     for (const RankMeshGroup& group : plan.groups) {
       for (const RankSource& src : group.sources) {
         if (src.gather_dim < 0) continue;
-        double row_bytes = DTypeSize(src.dtype);
-        for (int d = 0; d < src.held.ndim; ++d)
-          if (d != src.gather_dim) row_bytes *= static_cast<double>(src.held.size[d]);
-        const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
-        for (int64_t i = 0; i < parts; ++i) {
+        for (size_t i = 0; i < src.gather_ranks.size(); ++i) {
           const int32_t peer = src.gather_ranks[i];
           if (peer == plan.rank || host(peer) == host(plan.rank)) continue;
-          const int64_t rows =
-              src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[src.gather_dim], parts, i).size;
-          const auto bytes = static_cast<uint64_t>(row_bytes * static_cast<double>(rows));
+          const uint64_t bytes = UnshardBytesFrom(src, static_cast<int64_t>(i));
           limit.hosts[host(plan.rank)].gather_ingress += bytes;
           limit.hosts[host(peer)].gather_egress += bytes;
         }

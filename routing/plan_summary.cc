@@ -189,12 +189,6 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
             ++s.unshard_none;
             continue;
           }
-          const int gd = src.gather_dim;
-          // Bytes of one index of the gather dim: every other dim of what it
-          // holds (an exchange's dims before the gather dim are all 1).
-          double row_bytes = DTypeSize(src.dtype);
-          for (int d = 0; d < src.held.ndim; ++d)
-            if (d != gd) row_bytes *= static_cast<double>(src.held.size[d]);
           const int64_t parts = static_cast<int64_t>(src.gather_ranks.size());
           const int64_t mine = GatherIndex(src, me);
           src.exchange() ? ++s.unshard_pieces : ++s.unshard_gathers;
@@ -204,10 +198,8 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
             if (peer == me || peer < 0 || static_cast<size_t>(peer) >= nt) continue;
             // An all-gather receives every peer's chunk and sends its own
             // to every peer; the exchange only the planned rows.
-            const double in = row_bytes * static_cast<double>(
-                src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[gd], parts, i).size);
-            const double out = row_bytes * static_cast<double>(
-                src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[gd], parts, mine).size);
+            const auto in = static_cast<double>(UnshardBytesFrom(src, i));
+            const auto out = static_cast<double>(UnshardBytesTo(src, i, mine));
             s.exchange_bytes += static_cast<uint64_t>(in);
             if (host(peer) == host(me)) {
               g_gather[g][me] += in;

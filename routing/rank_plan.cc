@@ -355,6 +355,30 @@ InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t ra
   return plan;
 }
 
+namespace {
+// Bytes of one index of the gather dim: every other dim of what it holds
+// (an exchange's dims before the gather dim are all 1).
+uint64_t GatherRowBytes(const RankSource& src) {
+  uint64_t b = DTypeSize(src.dtype);
+  for (int d = 0; d < src.held.ndim; ++d)
+    if (d != src.gather_dim) b *= static_cast<uint64_t>(src.held.size[d]);
+  return b;
+}
+}  // namespace
+
+uint64_t UnshardBytesFrom(const RankSource& src, int64_t i) {
+  const auto parts = static_cast<int64_t>(src.gather_ranks.size());
+  const int64_t rows = src.exchange() ? src.recv_rows[i].size : ChunkRange(src.held.size[src.gather_dim], parts, i).size;
+  return GatherRowBytes(src) * static_cast<uint64_t>(rows);
+}
+
+uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine) {
+  const auto parts = static_cast<int64_t>(src.gather_ranks.size());
+  const int64_t rows =
+      src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[src.gather_dim], parts, mine).size;
+  return GatherRowBytes(src) * static_cast<uint64_t>(rows);
+}
+
 nlohmann::json ToJson(const TrainerRankPlan& plan) {
   nlohmann::json groups = nlohmann::json::array();
   for (const RankMeshGroup& g : plan.groups) {

@@ -131,6 +131,12 @@ StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTabl
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
                                            const std::vector<uint32_t>* rank_ops = nullptr);
 
+// The bytes rank `src` receives from gather peer i while unsharding (the
+// exchange's rows, or that peer's all-gather chunk), and sends to it (`mine`:
+// its own index in gather_ranks). For a source with gather_dim >= 0.
+uint64_t UnshardBytesFrom(const RankSource& src, int64_t i);
+uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine);
+
 nlohmann::json ToJson(const TrainerRankPlan& plan);
 nlohmann::json ToJson(const InferenceRankPlan& plan);
 StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j);
