@@ -42,6 +42,12 @@ class DeviceOps {
   // the device or, offloaded, in pinned host memory).
   virtual Status Copy(void* dst, const void* src, uint64_t bytes) = 0;
   virtual Status Zero(void* dst, uint64_t bytes) = 0;
+  // `rows` runs of `width` bytes, run i from src + i * src_pitch to
+  // dst + i * dst_pitch (cudaMemcpy2D's shape): the planned exchange's
+  // pieces of stacked tensors, out of the shard (host or device memory,
+  // as Copy) and into the held tensor (device memory).
+  virtual Status Copy2D(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch, uint64_t width,
+                        uint64_t rows) = 0;
   // box_pack.h's PackBox, on device memory.
   virtual Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to,
                          uint8_t* out) = 0;

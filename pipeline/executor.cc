@@ -279,6 +279,20 @@ void PlanExecutor::Impl::FlushPending(bool post) {
 // the peers have failed too). Any other failure is recorded and the source's
 // collectives still run with whatever data there is, writing nothing, so the
 // peers finish the version quickly instead of waiting for a Gloo timeout.
+// The received pieces of a stacked tensor, each `planes` runs back to back
+// at `landing`, spread into their rows of every held plane.
+Status PlanExecutor::Impl::UnpackPlanes(const SourceWork& sw, const uint8_t* landing, uint8_t* held) {
+  uint64_t at = 0;
+  for (size_t i = 0; i < sw.recv_bytes.size(); ++i) {
+    const uint64_t n = static_cast<uint64_t>(sw.recv_bytes[i]);
+    if (n == 0) continue;
+    WSYNC_RETURN_IF_ERROR(
+        Copy2D(held + sw.recv_into[i], sw.held_pitch, landing + at, n / sw.planes, n / sw.planes, sw.planes));
+    at += n;
+  }
+  return Status::Ok();
+}
+
 Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   const RankSource& src = *sw.src;
   VersionReport* report = run_report;
@@ -320,12 +334,15 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
       if (!z.ok()) RecordError(z.WithContext(Where(sw) + ": copy"));
     }
   } else if (sw.exchange) {
-    // Each peer's piece of the shard, back to back in group order.
+    // Each peer's piece of the shard, back to back in group order (a
+    // stacked tensor's piece: its rows of every plane, packed).
     uint64_t at = sw.send_at;
     for (size_t i = 0; i < sw.send_bytes.size(); ++i) {
       const uint64_t n = static_cast<uint64_t>(sw.send_bytes[i]);
       if (n == 0) continue;
-      Status c = Copy(base + at, local + sw.send_from[i], n);
+      Status c = sw.planes == 1 ? Copy(base + at, local + sw.send_from[i], n)
+                                : Copy2D(base + at, n / sw.planes, local + sw.send_from[i], sw.local_pitch,
+                                         n / sw.planes, sw.planes);
       if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
       at += n;
     }
@@ -354,7 +371,9 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   if (sw.exchange) {
     t0 = Clock::now();
     Settle(sw, "copy");
-    Status s = gather_groups[sw.gather_group]->Exchange(base + sw.send_at, sw.send_bytes, held, sw.recv_bytes);
+    uint8_t* landing = sw.planes == 1 ? held : base + sw.recv_at;
+    Status s = gather_groups[sw.gather_group]->Exchange(base + sw.send_at, sw.send_bytes, landing, sw.recv_bytes);
+    if (s.ok() && sw.planes > 1) s = UnpackPlanes(sw, landing, held);
     t.all_gather += Since(t0);
     if (!s.ok()) {
       GiveBack(sw, 0);

@@ -76,6 +76,14 @@ struct SourceWork {
   uint64_t send_at = 0;
   std::vector<int64_t> send_bytes, recv_bytes;
   std::vector<uint64_t> send_from;  // each piece's byte offset in the local shard
+  // Stacked tensors (a dim before the exchanged one spans several indices,
+  // as experts do): a piece is one run of rows per leading index ("plane").
+  // It is sent packed, received at `recv_at` and spread into the held
+  // planes from there; with one plane it lands in place.
+  uint64_t planes = 1;
+  uint64_t local_pitch = 0, held_pitch = 0;  // bytes of one plane, in the shard and held
+  uint64_t recv_at = 0;
+  std::vector<uint64_t> recv_into;  // each received piece's byte offset inside a held plane
   bool quantize = false;
   // Quantized straight out of the trainer's shard: nothing to gather and
   // every write fp8 codes or scales, so the chunk has no held part. Where the
@@ -153,6 +161,7 @@ struct PlanExecutor::Impl {
   Status Resolve();
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
   Status ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw);
+  Status UnpackPlanes(const SourceWork& sw, const uint8_t* landing, uint8_t* held);
   Status EnsureGroups(uint64_t version);
   Status CheckVersion(size_t g, uint64_t version);
   // The start and the end of a Run or a replay: the report's fixed fields
@@ -187,6 +196,12 @@ struct PlanExecutor::Impl {
   Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
     if (options.device != nullptr) return options.device->Copy(dst, src, bytes);
     std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch, uint64_t width,
+                uint64_t rows) {
+    if (options.device != nullptr) return options.device->Copy2D(dst, dst_pitch, src, src_pitch, width, rows);
+    for (uint64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dst_pitch, src + i * src_pitch, width);
     return Status::Ok();
   }
   Status Zero(uint8_t* dst, uint64_t bytes) {

@@ -200,17 +200,18 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
     return InvalidArgument(where + ": exchange over dim " + std::to_string(gd) + " needs one received and one sent " +
                            "piece per rank of a group that includes rank " + std::to_string(plan->rank));
   }
-  int64_t inner = DTypeSize(src.dtype);
+  int64_t inner = DTypeSize(src.dtype), planes = 1;
   for (int d = 0; d < n; ++d) {
-    if (d < gd && (src.held.size[d] != 1 || src.local.size[d] != 1)) {
-      return InvalidArgument(where + ": exchange over dim " + std::to_string(gd) + " needs size-1 dims before it");
-    }
     if (d != gd && (src.local.offset[d] != src.held.offset[d] || src.local.size[d] != src.held.size[d])) {
       return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " and held rows " + BoxStr(src.held) +
                              " differ outside the exchanged dim " + std::to_string(gd));
     }
+    if (d < gd) planes *= src.held.size[d];
     if (d > gd) inner *= src.held.size[d];
   }
+  sw->planes = static_cast<uint64_t>(planes);
+  sw->local_pitch = static_cast<uint64_t>(src.local.size[gd] * inner);
+  sw->held_pitch = static_cast<uint64_t>(src.held.size[gd] * inner);
   const int64_t local_lo = src.local.offset[gd], local_hi = local_lo + src.local.size[gd];
   int64_t at = src.held.offset[gd], sent = 0;
   for (size_t i = 0; i < parts; ++i) {
@@ -227,10 +228,11 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
                              std::to_string(s.offset) + "+" + std::to_string(s.size) + ") is outside the local shard " +
                              BoxStr(src.local));
     }
-    sw->recv_bytes.push_back(r.size * inner);
-    sw->send_bytes.push_back(s.size * inner);
+    sw->recv_bytes.push_back(planes * r.size * inner);
+    sw->send_bytes.push_back(planes * s.size * inner);
     sw->send_from.push_back(static_cast<uint64_t>((s.offset - local_lo) * inner));
-    sent += s.size * inner;
+    sw->recv_into.push_back(static_cast<uint64_t>((r.offset - src.held.offset[gd]) * inner));
+    sent += planes * s.size * inner;
   }
   if (at != src.held.offset[gd] + src.held.size[gd]) {
     return InvalidArgument(where + ": the received pieces end at row " + std::to_string(at) + ", the held rows " +
@@ -246,8 +248,10 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
   sw->gather_group = static_cast<int>(found - gather_sets.begin());
   if (found == gather_sets.end()) gather_sets.push_back(src.gather_ranks);
   sw->send_at = AlignTemp(sw->held_bytes);
+  sw->recv_at = sw->send_at + AlignTemp(static_cast<uint64_t>(sent));
   // At least a little: a rank with nothing to keep or send still takes part.
-  sw->transient_bytes = std::max(sw->send_at + AlignTemp(static_cast<uint64_t>(sent)), AlignTemp(1));
+  // Pieces of several planes need a landing area before the unpack.
+  sw->transient_bytes = std::max(sw->recv_at + (planes > 1 ? AlignTemp(sw->held_bytes) : 0), AlignTemp(1));
   return Status::Ok();
 }
 

@@ -64,6 +64,17 @@ class TorchCudaDevice : public DeviceOps {
     std::lock_guard<std::mutex> lock(mu_);
     owned_.erase(p);
   }
+  // Whether `p` lies in memory Allocate handed out (the arena), as opposed
+  // to the trainer's shards.
+  bool Owns(const void* p) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [start, t] : owned_) {
+      const auto* s = static_cast<const uint8_t*>(start);
+      if (b >= s && b < s + t.numel()) return true;
+    }
+    return false;
+  }
 
   // The executor copies only out of the trainer's shards. Offloaded ones
   // (host_shards) come host-to-device, asynchronously from pinned memory
@@ -74,6 +85,21 @@ class TorchCudaDevice : public DeviceOps {
                                                      at::TensorOptions().dtype(at::kByte).device(at::kCPU))
                                      : Bytes(const_cast<void*>(src), bytes);
       Bytes(dst, bytes).copy_(from, /*non_blocking=*/true);
+      return nullptr;
+    }).status();
+  }
+  // One strided copy: the source as a [rows, width] view with its pitch,
+  // from the host (an offloaded shard) or the device, into the device.
+  Status Copy2D(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch, uint64_t width,
+                uint64_t rows) override {
+    return Run("copy", [&] {
+      const std::vector<int64_t> sizes = {static_cast<int64_t>(rows), static_cast<int64_t>(width)};
+      at::Tensor from = at::from_blob(const_cast<void*>(src), sizes, {static_cast<int64_t>(src_pitch), 1},
+                                      host_shards_ && !Owns(src)
+                                          ? at::TensorOptions().dtype(at::kByte).device(at::kCPU)
+                                          : Options(at::kByte));
+      at::from_blob(dst, sizes, {static_cast<int64_t>(dst_pitch), 1}, Options(at::kByte))
+          .copy_(from, /*non_blocking=*/true);
       return nullptr;
     }).status();
   }
