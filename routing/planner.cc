@@ -61,7 +61,7 @@ class Planner {
   Status BuildJobs(RoutingTable* table);
   Status SplitSegment(const Segment& seg, int32_t dst, const InferenceTensor& t,
                       const QuantRule* quant, const TensorWhere& where);
-  bool ShardCutsPay(const Segment& seg, const InferenceTensor& t, const QuantRule* quant) const;
+  bool ShardCutsPay(const Segment& seg, const InferenceTensor& t) const;
   void Assign(const RoutingTable& table);
   void EmitOps(RoutingTable* table);
   void RecordNeeds(RoutingTable* table) const;
@@ -240,7 +240,7 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
   // the trainers' shards do when that pays (ShardCutsPay), so each piece has
   // one rank that holds most of it already. On fp8 block dims a shard cut
   // moves down to its block edge: a block is quantized whole, on one rank.
-  const bool cut_shards = !shards.classes.empty() && ShardCutsPay(seg, t, quant);
+  const bool cut_shards = !shards.classes.empty() && ShardCutsPay(seg, t);
   std::array<std::vector<int64_t>, kMaxDims> all_cuts;
   for (int d = 0; d < snd; ++d) {
     all_cuts[d] = layout.cuts[d];
@@ -327,35 +327,22 @@ Status Planner::SplitSegment(const Segment& seg, int32_t dst, const InferenceTen
 // Whether to cut `seg` at the trainers' shard edges. A cut adds a write per
 // piece; what it saves is the rows its writer would otherwise receive from
 // its peers. Not where:
-// - a piece would be smaller than PlanOptions::min_shard_piece_bytes (the
-//   write's fixed cost outweighs gathering it: replicated small tensors
-//   would be written once per shard and inference rank), or
-// - the cuts, moved down to fp8 block edges, leave pieces across two shards
-//   of a tensor whose gathered rows are not contiguous (a dim before the
-//   gathered one spans several indices, as in stacked experts): the
-//   exchange cannot move such rows and gathers them whole anyway
-//   (PlanExchange, rank_plan.cc), so the cuts would only add writes.
-bool Planner::ShardCutsPay(const Segment& seg, const InferenceTensor& t, const QuantRule* quant) const {
+// a piece would be smaller than PlanOptions::min_shard_piece_bytes (the
+// write's fixed cost outweighs gathering it: replicated small tensors would
+// be written once per shard and inference rank). Cuts moved to fp8 block
+// edges may leave a piece across two shards; its writer then receives the
+// rows it lacks, of every expert where the tensor is stacked (PlanExchange,
+// rank_plan.cc).
+bool Planner::ShardCutsPay(const Segment& seg, const InferenceTensor& t) const {
   const HolderLayout& layout = layouts_[source_layout_[seg.source]];
   const HolderLayout& shards = shards_[source_layout_[seg.source]];
-  const int snd = seg.src_box.ndim, nd = static_cast<int>(t.shape.size());
-  const int klass = layout.FindClass(seg.src_box.offset, snd);
-  if (klass < 0) return false;
-  const Box& holder = layout.classes[klass].box;
+  const int snd = seg.src_box.ndim;
+  if (layout.FindClass(seg.src_box.offset, snd) < 0) return false;
   int64_t pieces = 1;
   for (int d = 0; d < snd; ++d) {
     if (shards.cuts[d] == layout.cuts[d]) continue;  // not a gathered dim
-    const int64_t block = BlockAlong(seg, nd, quant, d);
     const int64_t lo = seg.src_box.offset[d], hi = lo + seg.src_box.size[d];
-    bool straddles = false;
-    for (int64_t c : shards.cuts[d]) {
-      if (c <= lo || c >= hi) continue;
-      ++pieces;
-      straddles = straddles || c % block != 0;
-    }
-    bool rows_contiguous = true;
-    for (int e = 0; e < d; ++e) rows_contiguous = rows_contiguous && holder.size[e] == 1;
-    if (straddles && !rows_contiguous) return false;
+    for (int64_t c : shards.cuts[d]) pieces += c > lo && c < hi;
   }
   const uint64_t bytes = static_cast<uint64_t>(seg.src_box.NumElements()) * static_cast<uint64_t>(DTypeSize(t.dtype));
   return pieces == 1 || bytes / static_cast<uint64_t>(pieces) >= opt_.min_shard_piece_bytes;

@@ -97,10 +97,8 @@ void PlanExchange(const SourceTensor& src, int32_t rank, RankSource* rs) {
     rs->gather_ranks.clear();
     return;
   }
-  // Rows of gather_dim are contiguous pieces only when every dim before it
-  // is a single index; otherwise all-gather.
-  for (int d = 0; d < gd; ++d)
-    if (rs->held.size[d] != 1) return;
+  // Where a dim before gather_dim spans several indices (stacked experts),
+  // a piece is its rows of each of them; the executor packs and unpacks it.
   for (int64_t i = 0; i < parts; ++i) {
     const Range c = ChunkRange(held.size, parts, i);
     const Rows chunk{held.offset + c.offset, c.size};

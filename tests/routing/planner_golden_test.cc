@@ -361,16 +361,20 @@ TEST(PlannerGoldenTest, PiecesBelowTheMinimumAreNotCutAtShardEdges) {
   ASSERT_EQ(check.error, "");
   EXPECT_EQ(table->ops.size(), full->ops.size());
   for (const WriteOp& op : table->ops) EXPECT_EQ(op.src_box.size[1], 4);  // across the shard edge
-  // The rows a writer lacks are not contiguous (several experts before the
-  // row dim), so its EP slice gathers whole, as under full_tensor.
-  EXPECT_EQ(check.exchange_bytes, check.full_tensor_bytes);
+  // Each EP slice is written by one of its two ranks, which receives the
+  // other shard's 2 rows of every expert of its slice (the exchange narrows
+  // only the row dim, so the 2 experts it does not write come too): 2 slices
+  // x 4 experts x 2 rows x 4 x bf16, where full_tensor moves as much to each
+  // of the 4 ranks.
+  EXPECT_EQ(check.exchange_bytes, 2u * 4 * 2 * 4 * 2);
+  EXPECT_EQ(check.full_tensor_bytes, 2 * check.exchange_bytes);
 }
 
 // Stacked fp8 experts [4, rows, 128], EP over experts and FSDP over rows: 2
 // experts per EP slice, rows/2 per shard. Cut at the shard edge, a piece's
-// rows are contiguous within one expert only, so where the edge falls inside
-// a 128-row block the exchange could not move the block's other rows and
-// would gather everything anyway: the planner does not cut there.
+// rows are contiguous within one expert only; where the edge falls inside a
+// 128-row block, the cut moves to a block edge and the writer of the block
+// receives the rows it lacks of both experts of its slice.
 struct StackedFp8 {
   TrainerSpec trainer;
   InferenceSpec inference;
@@ -392,7 +396,7 @@ StackedFp8 MakeStackedFp8(int64_t rows) {
   return c;
 }
 
-TEST(PlannerGoldenTest, StackedExpertsAreCutAtShardEdgesOnlyOnBlockEdges) {
+TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStraddledRows) {
   for (const int64_t rows : {256, 384}) {  // shard edge at row 128 (a block edge), at 192 (inside one)
     SCOPED_TRACE("rows " + std::to_string(rows));
     StackedFp8 c = MakeStackedFp8(rows);
@@ -412,9 +416,22 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtShardEdgesOnlyOnBlockEdges) {
       EXPECT_EQ(check.exchange_bytes, 0u);
       EXPECT_GT(check.full_tensor_bytes, 0u);
     } else {
-      // The writes of full_tensor, and the writers gather their EP slice whole.
-      EXPECT_EQ(table->ops.size(), full->ops.size());
-      EXPECT_EQ(check.exchange_bytes, check.full_tensor_bytes);
+      // Cut at row 128 or 256 (the shard edge 192 lies in the block
+      // [128, 256)), so again a write per (EP slice, expert, piece) for
+      // weights and scales; the block's writer receives its 64 rows from the
+      // other shard, of both experts: 2 slices x 2 experts x 64 rows x 128 x
+      // bf16, where full_tensor moves 192 rows of both experts to each of 4
+      // ranks.
+      EXPECT_EQ(table->ops.size(), 2u * 2 * 2 * 2);
+      EXPECT_EQ(check.exchange_bytes, 2u * 2 * 64 * 128 * 2);
+      EXPECT_EQ(check.full_tensor_bytes, 4u * 2 * 192 * 128 * 2);
+      for (int32_t rank = 0; rank < 4; ++rank) {
+        auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
+        ASSERT_TRUE(plan.ok()) << plan.status().message();
+        const RankSource& s = plan->groups.at(0).sources.at(0);
+        EXPECT_TRUE(s.exchange()) << "rank " << rank;
+        EXPECT_EQ(s.held.size[0], 2) << "rank " << rank;  // both experts of its slice
+      }
     }
   }
 }

@@ -335,8 +335,11 @@ ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inf
         }
         ++res.sources_exchanged;
         const int gd = s.gather_dim;
+        // A received row spans every other dim of what the rank holds: of
+        // every expert, where experts are stacked before the row dim.
         int64_t inner = esize;
-        for (int d = gd + 1; d < n; ++d) inner *= s.held.size[d];
+        for (int d = 0; d < n; ++d)
+          if (d != gd) inner *= s.held.size[d];
         int64_t at = s.held.offset[gd];
         for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
           const int32_t peer = s.gather_ranks[i];

@@ -57,6 +57,14 @@ class DeferredHostDevice : public DeviceOps {
   Status Zero(void* dst, uint64_t bytes) override {
     return Defer([=] { std::memset(dst, 0, bytes); });
   }
+  Status Copy2D(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch, uint64_t width,
+                uint64_t rows) override {
+    return Defer([=] {
+      for (uint64_t i = 0; i < rows; ++i)
+        std::memcpy(static_cast<uint8_t*>(dst) + i * dst_pitch, static_cast<const uint8_t*>(src) + i * src_pitch,
+                    width);
+    });
+  }
   bool CanRead(const void*) override { return false; }
   Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) override {
     return Defer([=] { wsync::PackBox(data, held, from, box, to, out); });
@@ -312,10 +320,11 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
   uint64_t plan_bytes = 0;
   for (const TrainerRankPlan& p : fixture_->plans) plan_bytes += p.write_bytes;
   // What each rank must receive from its peers: in a planned exchange its
-  // rows from each peer, times the bytes of one row of what it holds; in an
-  // all-gather everything it holds but its shard.
+  // rows from each peer, times the bytes of one row of what it holds (of
+  // every expert of a stack); in an all-gather everything it holds but its
+  // shard.
   std::vector<uint64_t> from_peers(kTrainers, 0);
-  uint64_t exchange_pieces = 0;
+  uint64_t exchange_pieces = 0, stacked_pieces = 0;
   for (int r = 0; r < kTrainers; ++r) {
     for (const RankMeshGroup& g : fixture_->plans[r].groups) {
       for (const RankSource& s : g.sources) {
@@ -326,7 +335,9 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
           continue;
         }
         uint64_t row = esize;
-        for (int d = s.gather_dim + 1; d < s.held.ndim; ++d) row *= static_cast<uint64_t>(s.held.size[d]);
+        for (int d = 0; d < s.held.ndim; ++d)
+          if (d != s.gather_dim) row *= static_cast<uint64_t>(s.held.size[d]);
+        stacked_pieces += s.held.size[0] > 1 && s.gather_dim > 0;
         for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
           if (s.gather_ranks[i] == r) continue;
           from_peers[r] += row * static_cast<uint64_t>(s.recv_rows[i].size);
@@ -336,8 +347,9 @@ TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
     }
   }
   // The fixture's fp8 tensors have 128-row blocks across FSDP shard edges:
-  // the update must exercise the exchange.
+  // the update must exercise the exchange, of stacked experts too.
   ASSERT_GT(exchange_pieces, 0u);
+  ASSERT_GT(stacked_pieces, 0u);
   for (uint64_t v = 1; v <= 3; ++v) {
     std::vector<VersionReport> reports = UpdateAndVerify(v);
     if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)

@@ -61,8 +61,8 @@ DestLayout Layout() {
   l.qk_scale = take(2 * 2 * 4);
   l.norm = take(300 * 4);
   l.uneven = take(200 * 65 * 2);
-  l.experts = take(2 * 256 * 128);
-  l.experts_scale = take(2 * 2 * 1 * 4);
+  l.experts = take(2 * 384 * 128);
+  l.experts_scale = take(2 * 3 * 1 * 4);
   l.total = at + 4096;  // a tail no tensor uses: must stay untouched
   return l;
 }
@@ -116,10 +116,10 @@ InferenceSpec MakeInferenceSpec(const std::vector<std::string>& descriptors) {
     InferenceTensor norm = tensor("norm.weight", {300}, DType::kFP32, l.norm);
     InferenceTensor uneven = tensor("uneven.weight", {200, 65}, DType::kBF16, l.uneven);
     uneven.tp = TpSlice{1, r, 2};
-    InferenceTensor experts = tensor("layers.0.experts.w1", {2, 256, 128}, DType::kFP8E4M3, l.experts);
+    InferenceTensor experts = tensor("layers.0.experts.w1", {2, 384, 128}, DType::kFP8E4M3, l.experts);
     experts.experts = ExpertRange{2 * r, 2 * r + 2};
     experts.scale =
-        ScaleTensor{"layers.0.experts.w1_scale_inv", {2, 2, 1}, DType::kFP32, {"weights", l.experts_scale}};
+        ScaleTensor{"layers.0.experts.w1_scale_inv", {2, 3, 1}, DType::kFP32, {"weights", l.experts_scale}};
     rank.tensors = {embed, qk, norm, uneven, experts};
     spec.ranks.push_back(std::move(rank));
   }
@@ -157,7 +157,7 @@ const std::map<std::string, Shape>& TrainerShapes() {
   static const std::map<std::string, Shape> shapes = {
       {"embed.weight", {512, 128}},       {"layers.0.q.weight", {256, 256}},
       {"layers.0.k.weight", {256, 256}},  {"norm.weight", {300}},
-      {"uneven.weight", {200, 130}},      {"layers.0.experts.w1", {4, 256, 128}},
+      {"uneven.weight", {200, 130}},      {"layers.0.experts.w1", {4, 384, 128}},
   };
   return shapes;
 }
@@ -284,13 +284,13 @@ std::vector<uint8_t> ExpectedRegion(int rank, const FullWeights& full, uint64_t 
     std::memcpy(base + l.uneven + row * 65 * 2, un.data() + row * 130 + 65 * rank, 65 * 2);
   }
 
-  // experts [2r, 2r + 2) of [4, 256, 128], each quantized on its own.
+  // experts [2r, 2r + 2) of [4, 384, 128], each quantized on its own.
   const std::vector<uint16_t>& ex = full.at("layers.0.experts.w1");
   for (int e = 0; e < 2; ++e) {
-    const uint16_t* m = ex.data() + (2 * rank + e) * 256 * 128;
-    StatusOr<Fp8BlockTensor> q = QuantizeFp8Blocks({m, 256, 128, 128});
-    std::memcpy(base + l.experts + e * 256 * 128, q->q.data(), 256 * 128);
-    std::memcpy(base + l.experts_scale + e * 2 * 4, q->scale_inv.data(), 2 * 4);
+    const uint16_t* m = ex.data() + (2 * rank + e) * 384 * 128;
+    StatusOr<Fp8BlockTensor> q = QuantizeFp8Blocks({m, 384, 128, 128});
+    std::memcpy(base + l.experts + e * 384 * 128, q->q.data(), 384 * 128);
+    std::memcpy(base + l.experts_scale + e * 3 * 4, q->scale_inv.data(), 3 * 4);
   }
   return out;
 }

@@ -1,7 +1,9 @@
 // A small two-MeshGroup setup for executor tests: 4 trainer ranks (dense
 // weights sharded over 4, experts over fsdp 2 x ep 2), 2 inference ranks
 // (tensor parallel 2, fp8 block-quantized qk and experts), real libfabric
-// engines on both sides and the routing library's planner in between.
+// engines on both sides and the routing library's planner in between. The
+// experts' FSDP shards (192 of 384 rows) cut an fp8 block, so a planned
+// exchange moves rows of every expert of a stack.
 //
 // The expected destination bytes come from ExpectedRegion(), which builds
 // each inference tensor from the full weights by hand (slice, concatenate,
