@@ -81,7 +81,7 @@ struct PlanSummary {
   uint64_t full_tensor_bytes = 0;
   // (rank, source) pairs by how the executor unshards them.
   uint64_t unshard_pieces = 0;      // planned exchange: only the rows it writes
-  uint64_t unshard_gathers = 0;     // all-gather (pieces would not be contiguous)
+  uint64_t unshard_gathers = 0;     // all-gather (full_tensor)
   uint64_t unshard_none = 0;        // written from the shard as it is
 
   LinkModel link;
