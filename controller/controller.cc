@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "routing/json_text.h"
 #include "routing/plan_io.h"
 #include "routing/planner.h"
 #include "routing/rank_plan.h"
@@ -579,17 +580,20 @@ StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role
 
 StatusOr<std::shared_ptr<const std::string>> Controller::BuildSlice(const PlanState& plan, uint64_t epoch, Role role,
                                                                     int32_t rank) {
-  json slice = {{"schema", "wsync.plan_slice/v1"},
-                {"role", RoleName(role)},
-                {"rank", rank},
-                {"plan_id", plan.plan_id},
-                {"epoch", epoch}};
+  // Written as text (ToJsonText): a tree of every write of 384 slices cost
+  // most of the time to serve them at Kimi-K2 scale.
+  json head = {{"schema", "wsync.plan_slice/v1"},
+               {"role", RoleName(role)},
+               {"rank", rank},
+               {"plan_id", plan.plan_id},
+               {"epoch", epoch}};
+  std::string plan_text;
   if (role == Role::kTrainer) {
     StatusOr<TrainerRankPlan> rank_plan =
         ExtractTrainerRankPlan(plan.table, plan.trainer, plan.inference, rank, &plan.ops_by_trainer[rank]);
     if (!rank_plan.ok())
       return Internal("trainer rank " + std::to_string(rank) + ": " + rank_plan.status().message());
-    slice["plan"] = ToJson(*rank_plan);
+    plan_text = ToJsonText(*rank_plan);
   } else {
     InferenceRankPlan rank_plan = ExtractInferenceRankPlan(plan.table, rank, &plan.ops_by_inference[rank]);
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
@@ -601,12 +605,12 @@ StatusOr<std::shared_ptr<const std::string>> Controller::BuildSlice(const PlanSt
     json per = json::array();
     for (const auto& [src, wb] : by_trainer)
       per.push_back({{"rank", src}, {"writes", wb.first}, {"bytes", wb.second}});
-    slice["expected_writes"] = rank_plan.writes.size();
-    slice["expected_bytes"] = rank_plan.bytes;
-    slice["writes_by_trainer"] = std::move(per);
-    slice["plan"] = ToJson(rank_plan);
+    head["expected_writes"] = rank_plan.writes.size();
+    head["expected_bytes"] = rank_plan.bytes;
+    head["writes_by_trainer"] = std::move(per);
+    plan_text = ToJsonText(rank_plan);
   }
-  return std::make_shared<const std::string>(slice.dump());
+  return std::make_shared<const std::string>(ObjectTextWith(head, "plan", plan_text));
 }
 
 void Controller::KvSet(const std::string& key, std::string value) {

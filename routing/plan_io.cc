@@ -1,8 +1,7 @@
 #include "routing/plan_io.h"
 
-#include <charconv>
-
 #include "routing/json_reader.h"
+#include "routing/json_text.h"
 
 namespace wsync {
 
@@ -75,19 +74,12 @@ json OpJson(const WriteOp& op) {
                       BoxArray(op.src_box, false), BoxArray(op.src_box, true), op.dst_offset, op.bytes});
 }
 
-template <typename T>
-void AppendInt(std::string* out, T v) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out->append(buf, r.ptr);
-}
-
 // OpJson(op).dump(), appended.
 void AppendOp(std::string* out, const WriteOp& op) {
   *out += '[';
   for (int64_t v : {int64_t{op.mesh_group}, int64_t{op.src_rank}, int64_t{op.src}, int64_t{op.dst_rank},
                     int64_t{op.dst}}) {
-    AppendInt(out, v);
+    AppendJsonInt(out, v);
     *out += ',';
   }
   *out += op.kind == WriteKind::kScale ? "\"s\"," : "\"w\",";
@@ -95,13 +87,13 @@ void AppendOp(std::string* out, const WriteOp& op) {
     *out += '[';
     for (int d = 0; d < op.src_box.ndim; ++d) {
       if (d > 0) *out += ',';
-      AppendInt(out, sizes ? op.src_box.size[d] : op.src_box.offset[d]);
+      AppendJsonInt(out, sizes ? op.src_box.size[d] : op.src_box.offset[d]);
     }
     *out += "],";
   }
-  AppendInt(out, op.dst_offset);
+  AppendJsonInt(out, op.dst_offset);
   *out += ',';
-  AppendInt(out, op.bytes);
+  AppendJsonInt(out, op.bytes);
   *out += ']';
 }
 

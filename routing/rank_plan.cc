@@ -1,5 +1,7 @@
 #include "routing/rank_plan.h"
 
+#include "routing/json_text.h"
+
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -7,6 +9,7 @@
 #include <unordered_map>
 
 #include "routing/chunking.h"
+#include "routing/json_text.h"
 
 namespace wsync {
 namespace {
@@ -377,6 +380,67 @@ uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine) {
   return GatherRowBytes(src) * static_cast<uint64_t>(rows);
 }
 
+namespace {
+
+// A source of a trainer rank plan without its writes (ToJson adds them).
+nlohmann::json SourceHeadJson(const RankSource& s) {
+  nlohmann::json j = {{"name", s.name}, {"global_shape", s.global_shape}, {"dtype", DTypeName(s.dtype)},
+                      {"local", BoxJson(s.local)}, {"held", BoxJson(s.held)},
+                      {"gather_dim", s.gather_dim}, {"gather_ranks", s.gather_ranks},
+                      {"block", {s.block_rows, s.block_cols}}};
+  if (s.exchange()) {
+    for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const Rows& r : *rows) list.push_back({r.offset, r.size});
+      j[key] = std::move(list);
+    }
+  }
+  return j;
+}
+
+nlohmann::json PeersJson(const TrainerRankPlan& plan) {
+  nlohmann::json peers = nlohmann::json::array();
+  for (const InferencePeer& p : plan.peers) {
+    peers.push_back({{"rank", p.rank}, {"host", p.host}, {"regions", p.region_descriptors}});
+  }
+  return peers;
+}
+
+// The plan without its groups: ToJson adds them.
+nlohmann::json TrainerPlanHeadJson(const TrainerRankPlan& plan) {
+  return {{"schema", "wsync.trainer_rank_plan/v1"}, {"rank", plan.rank}, {"world", plan.world},
+          {"peers", PeersJson(plan)}, {"write_bytes", plan.write_bytes}, {"writes", plan.writes}};
+}
+
+// ToJson(w).dump() of a RankWrite, appended.
+void AppendWrite(std::string* out, const RankWrite& w) {
+  *out += '[';
+  AppendJsonInt(out, w.dst_rank);
+  *out += w.kind == WriteKind::kScale ? ",\"s\"," : ",\"w\",";
+  AppendJsonString(out, DTypeName(w.dst_dtype));
+  *out += ",[";
+  for (const bool sizes : {false, true}) {
+    if (sizes) *out += ',';
+    *out += '[';
+    for (int d = 0; d < w.src_box.ndim; ++d) {
+      if (d > 0) *out += ',';
+      AppendJsonInt(out, sizes ? w.src_box.size[d] : w.src_box.offset[d]);
+    }
+    *out += ']';
+  }
+  *out += "],";
+  AppendJsonString(out, w.region);
+  *out += ',';
+  AppendJsonInt(out, w.region_offset);
+  *out += ',';
+  AppendJsonInt(out, w.bytes);
+  *out += ',';
+  AppendJsonString(out, w.dst_name);
+  *out += ']';
+}
+
+}  // namespace
+
 nlohmann::json ToJson(const TrainerRankPlan& plan) {
   nlohmann::json groups = nlohmann::json::array();
   for (const RankMeshGroup& g : plan.groups) {
@@ -387,27 +451,36 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
         writes.push_back({w.dst_rank, w.kind == WriteKind::kScale ? "s" : "w", DTypeName(w.dst_dtype),
                           BoxJson(w.src_box), w.region, w.region_offset, w.bytes, w.dst_name});
       }
-      sources.push_back({{"name", s.name}, {"global_shape", s.global_shape}, {"dtype", DTypeName(s.dtype)},
-                         {"local", BoxJson(s.local)}, {"held", BoxJson(s.held)},
-                         {"gather_dim", s.gather_dim}, {"gather_ranks", s.gather_ranks},
-                         {"block", {s.block_rows, s.block_cols}}, {"writes", writes}});
-      if (s.exchange()) {
-        nlohmann::json& j = sources.back();
-        for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
-          nlohmann::json list = nlohmann::json::array();
-          for (const Rows& r : *rows) list.push_back({r.offset, r.size});
-          j[key] = std::move(list);
-        }
-      }
+      sources.push_back(SourceHeadJson(s));
+      sources.back()["writes"] = std::move(writes);
     }
     groups.push_back({{"name", g.name}, {"ranks", g.ranks}, {"sources", sources}});
   }
-  nlohmann::json peers = nlohmann::json::array();
-  for (const InferencePeer& p : plan.peers) {
-    peers.push_back({{"rank", p.rank}, {"host", p.host}, {"regions", p.region_descriptors}});
+  nlohmann::json j = TrainerPlanHeadJson(plan);
+  j["groups"] = std::move(groups);
+  return j;
+}
+
+std::string ToJsonText(const TrainerRankPlan& plan) {
+  std::string groups = "[";
+  for (const RankMeshGroup& g : plan.groups) {
+    if (groups.size() > 1) groups += ',';
+    std::string sources = "[";
+    for (const RankSource& s : g.sources) {
+      if (sources.size() > 1) sources += ',';
+      std::string writes = "[";
+      for (const RankWrite& w : s.writes) {
+        if (writes.size() > 1) writes += ',';
+        AppendWrite(&writes, w);
+      }
+      writes += ']';
+      sources += ObjectTextWith(SourceHeadJson(s), "writes", writes);
+    }
+    sources += ']';
+    groups += ObjectTextWith({{"name", g.name}, {"ranks", g.ranks}}, "sources", sources);
   }
-  return {{"schema", "wsync.trainer_rank_plan/v1"}, {"rank", plan.rank}, {"world", plan.world},
-          {"groups", groups}, {"peers", peers}, {"write_bytes", plan.write_bytes}, {"writes", plan.writes}};
+  groups += ']';
+  return ObjectTextWith(TrainerPlanHeadJson(plan), "groups", groups);
 }
 
 nlohmann::json ToJson(const InferenceRankPlan& plan) {
@@ -415,6 +488,25 @@ nlohmann::json ToJson(const InferenceRankPlan& plan) {
   for (const IncomingWrite& w : plan.writes) writes.push_back({w.region, w.offset, w.bytes, w.tensor});
   return {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank}, {"writes", std::move(writes)},
           {"bytes", plan.bytes}};
+}
+
+std::string ToJsonText(const InferenceRankPlan& plan) {
+  std::string writes = "[";
+  for (const IncomingWrite& w : plan.writes) {
+    if (writes.size() > 1) writes += ',';
+    writes += '[';
+    AppendJsonString(&writes, w.region);
+    writes += ',';
+    AppendJsonInt(&writes, w.offset);
+    writes += ',';
+    AppendJsonInt(&writes, w.bytes);
+    writes += ',';
+    AppendJsonString(&writes, w.tensor);
+    writes += ']';
+  }
+  writes += ']';
+  return ObjectTextWith({{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank}, {"bytes", plan.bytes}},
+                        "writes", writes);
 }
 
 StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {

@@ -139,6 +139,10 @@ uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine);
 
 nlohmann::json ToJson(const TrainerRankPlan& plan);
 nlohmann::json ToJson(const InferenceRankPlan& plan);
+// ToJson(plan).dump(), written as text: what the controller serves, without
+// a tree of every write (routing/json_text.h).
+std::string ToJsonText(const TrainerRankPlan& plan);
+std::string ToJsonText(const InferenceRankPlan& plan);
 StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j);
 StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j);
 

@@ -436,5 +436,28 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStradd
   }
 }
 
+// The slices the controller serves are written as text; they must be the
+// trees' own dump, byte for byte, exchange rows, scale writes and names that
+// need escaping included.
+TEST(RankPlanTextTest, IsTheTreesDumpByteForByte) {
+  StackedFp8 c = MakeStackedFp8(384);
+  auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
+    ASSERT_FALSE(plan->groups.at(0).sources.at(0).writes.empty());
+    plan->groups[0].sources[0].writes[0].dst_name = "experts \"w\"\t\u00e9";
+    plan->peers.push_back({7, "host-\u00e9", {{"weights", "ab\"cd"}}});
+    EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
+  }
+  InferenceRankPlan incoming = ExtractInferenceRankPlan(*table, 0);
+  ASSERT_FALSE(incoming.writes.empty());
+  EXPECT_EQ(ToJsonText(incoming), ToJson(incoming).dump());
+  incoming.writes[0].tensor = "w\\\u00e9";
+  EXPECT_EQ(ToJsonText(incoming), ToJson(incoming).dump());
+}
+
 }  // namespace
 }  // namespace wsync

@@ -1,0 +1,33 @@
+// Writing large JSON documents as text without building them as trees: a
+// plan or plan slice with millions of writes costs seconds and gigabytes as
+// an nlohmann::json tree, and most of that in malloc and free. The writers
+// here append exactly what json::dump() would produce (keys sorted, no
+// spaces), so a document written either way is byte for byte the same; the
+// tests compare the two. Used by plan_io (plan.json) and rank_plan (the
+// slices the controller serves).
+#pragma once
+
+#include <charconv>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace wsync {
+
+template <typename T>
+void AppendJsonInt(std::string* out, T v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out->append(buf, r.ptr);
+}
+
+// A JSON string as dump() writes it (printable ASCII fast, the rest through
+// nlohmann's own escaping, which throws on invalid UTF-8 as dump() does).
+void AppendJsonString(std::string* out, std::string_view s);
+
+// `head`, an object, as dump() writes it, with one more member `key` whose
+// value is the JSON text `raw`, in its sorted place among head's keys.
+std::string ObjectTextWith(const nlohmann::json& head, std::string_view key, std::string_view raw);
+
+}  // namespace wsync
