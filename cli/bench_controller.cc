@@ -108,6 +108,7 @@ int RunBenchController(const BenchControllerOptions& opt) {
   co.retry_for_s = 60;
   co.request_timeout_s = 120;
   std::vector<std::string> errors(n);
+  std::vector<char> failed_registering(n, 0);  // the cause; the others then wait for the world in vain
   std::vector<double> registered_at(n, 0), served_at(n, 0);
   std::atomic<int> ready{0};
   std::promise<void> go;
@@ -132,6 +133,7 @@ int RunBenchController(const BenchControllerOptions& opt) {
       registered_at[i] = Since(t0);
       if (!reg.ok()) {
         errors[i] = reg.status().message();
+        failed_registering[i] = 1;
         return;
       }
       // The agents' own calls: a slice parsed and checked as theirs.
@@ -161,12 +163,18 @@ int RunBenchController(const BenchControllerOptions& opt) {
   StatusOr<json> status = client.ok() ? client->GetStatus() : StatusOr<json>(client.status());
   child->Stop();
 
-  int failed = 0;
-  for (int32_t i = 0; i < n; ++i)
-    if (!errors[i].empty()) {
-      if (failed++ < 5)
-        std::fprintf(stderr, "wsync bench controller: %s rank %d: %s\n", i < trainers ? "trainer" : "inference",
-                     i < trainers ? i : i - trainers, errors[i].c_str());
+  // Registration failures first: one missing rank makes every other agent
+  // fail waiting for the world, and those errors would hide it.
+  int failed = 0, shown = 0;
+  for (const bool registering : {true, false})
+    for (int32_t i = 0; i < n; ++i) {
+      if (errors[i].empty() || (failed_registering[i] != 0) != registering) continue;
+      ++failed;
+      if (shown < 5 || (registering && shown < 20)) {
+        ++shown;
+        std::fprintf(stderr, "wsync bench controller: %s rank %d: %s%s\n", i < trainers ? "trainer" : "inference",
+                     i < trainers ? i : i - trainers, registering ? "registering: " : "", errors[i].c_str());
+      }
     }
   if (!status.ok()) return Fail("status: " + status.status().message());
   const json plan = (*status)["plan"];
