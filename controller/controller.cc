@@ -244,12 +244,12 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     // now wait for the plan (WaitCommitLocked).
     committing_ = true;
     lock.unlock();
-    PersistedWorld persisted{options_.trainers, options_.inference, (*plan)->trainer_json,
-                             (*plan)->inference_json, ToJson(options_.mapping), (*plan)->plan_id};
-    Status saved = store_.SaveWorld(persisted, plan_text);
+    const json mapping = ToJson(options_.mapping);
+    Status saved = store_.SaveWorld({options_.trainers, options_.inference, (*plan)->trainer_json,
+                                     (*plan)->inference_json, mapping, (*plan)->plan_id},
+                                    plan_text);
     const Clock::time_point t_saved = Clock::now();
     // What only this pass needed goes before the lock is taken again.
-    persisted = PersistedWorld{};
     plan_text = std::string();
     world = Aborted("released");
     trainer_ranks.clear();
@@ -374,10 +374,11 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
     plan->inference_json = std::move(inference->second);
   }
   const uint64_t epoch = epoch_ + 1;
-  PersistedWorld persisted{options_.trainers, options_.inference, plan->trainer_json, plan->inference_json,
-                           ToJson(options_.mapping), plan->plan_id, epoch};
+  const json mapping = ToJson(options_.mapping);
   // Persist first: a restarted controller must serve what agents now hold.
-  WSYNC_RETURN_IF_ERROR(store_.SaveWorld(persisted, PlanToText(plan->table)));
+  WSYNC_RETURN_IF_ERROR(store_.SaveWorld({options_.trainers, options_.inference, plan->trainer_json,
+                                          plan->inference_json, mapping, plan->plan_id, epoch},
+                                         PlanToText(plan->table)));
   epoch_ = epoch;
   InstallPlanLocked(std::move(plan));
   const std::string why = std::string(RoleName(role)) + " rank " + std::to_string(rank) + " registered again" +

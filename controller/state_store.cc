@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "routing/json_reader.h"
+#include "routing/json_text.h"
 #include "routing/spec_io.h"
 
 namespace wsync::controller {
@@ -68,17 +69,19 @@ Status StateStore::Init() {
   return Status::Ok();
 }
 
-Status StateStore::SaveWorld(const PersistedWorld& world, const std::string& plan_text) {
+Status StateStore::SaveWorld(const WorldToSave& world, const std::string& plan_text) {
   if (dir_.empty()) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(WriteTextAtomically(Path("plan.json"), plan_text + "\n"));
-  json j = {{"schema", kStateSchema},
-            {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
-            {"plan_id", world.plan_id},
-            {"epoch", world.epoch},
-            {"trainer", world.trainer},
-            {"inference", world.inference},
-            {"mapping", world.mapping}};
-  return WriteJsonFile(j, Path("world.json"), -1);
+  const json head = {{"schema", kStateSchema},
+                     {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
+                     {"plan_id", world.plan_id},
+                     {"epoch", world.epoch}};
+  auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  return WriteTextFileAtomic(
+      ObjectTextWith(head, {{"inference", text(world.inference)}, {"mapping", text(world.mapping)},
+                            {"trainer", text(world.trainer)}}) +
+          "\n",
+      Path("world.json"));
 }
 
 StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {

@@ -36,6 +36,18 @@ struct PersistedWorld {
   uint64_t epoch = 1;
 };
 
+// What SaveWorld writes, by reference: at Kimi-K2 scale the specs are tens
+// of MB of JSON trees, not to be copied on their way to disk.
+struct WorldToSave {
+  int32_t trainer_ranks = 0;
+  int32_t inference_ranks = 0;
+  const nlohmann::json& trainer;
+  const nlohmann::json& inference;
+  const nlohmann::json& mapping;
+  const std::string& plan_id;
+  uint64_t epoch = 1;
+};
+
 struct PersistedVersions {
   bool has_complete = false;
   uint64_t latest_complete = 0;
@@ -55,7 +67,7 @@ class StateStore {
 
   Status Init();  // creates the dir
   // `plan_text`: the wsync.plan/v1 document, already serialized.
-  Status SaveWorld(const PersistedWorld& world, const std::string& plan_text);
+  Status SaveWorld(const WorldToSave& world, const std::string& plan_text);
   StatusOr<std::optional<PersistedWorld>> LoadWorld() const;
   Status SaveVersions(const PersistedVersions& versions);
   StatusOr<PersistedVersions> LoadVersions() const;

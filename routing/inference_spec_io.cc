@@ -91,16 +91,22 @@ json RegionFields(json j, const RegionRef& where) {
 }  // namespace
 
 StatusOr<InferenceSpec> ParseInferenceSpec(const json& j, const std::string& source) {
-  InferenceSpec spec;
   JsonObjectReader r(j, source);
   std::string schema;
   if (r.Str("schema", &schema, false) && schema != kInferenceSchema)
     r.Fail("schema is '" + schema + "', expected '" + kInferenceSchema + "'");
   const json* ranks = r.Array("ranks");
   WSYNC_RETURN_IF_ERROR(r.Finish());
-  spec.ranks.resize(ranks->size());
-  for (size_t i = 0; i < ranks->size(); ++i)
-    WSYNC_RETURN_IF_ERROR(ParseRank((*ranks)[i], source, i, &spec.ranks[i]));
+  std::vector<const json*> each;
+  for (const json& rank : *ranks) each.push_back(&rank);
+  return ParseInferenceSpec(each, source);
+}
+
+StatusOr<InferenceSpec> ParseInferenceSpec(const std::vector<const json*>& ranks, const std::string& source) {
+  InferenceSpec spec;
+  spec.ranks.resize(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    WSYNC_RETURN_IF_ERROR(ParseRank(*ranks[i], source, i, &spec.ranks[i]));
   std::stable_sort(spec.ranks.begin(), spec.ranks.end(),
                    [](const InferenceRank& a, const InferenceRank& b) { return a.rank < b.rank; });
   WSYNC_RETURN_IF_ERROR(ValidateInferenceSpec(spec, source));

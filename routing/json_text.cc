@@ -14,25 +14,33 @@ void AppendJsonString(std::string* out, std::string_view s) {
   *out += '"';
 }
 
-std::string ObjectTextWith(const nlohmann::json& head, std::string_view key, std::string_view raw) {
+std::string ObjectTextWith(const nlohmann::json& head,
+                           std::initializer_list<std::pair<std::string_view, std::string_view>> raw) {
   std::string out = "{";
-  bool placed = false;
-  auto member = [&](std::string_view k, auto&& value) {
+  auto member = [&](std::string_view k) {
     if (out.size() > 1) out += ',';
     AppendJsonString(&out, k);
     out += ':';
-    value();
   };
+  auto next = raw.begin();
   for (const auto& [k, v] : head.items()) {
-    if (!placed && std::string_view(k) > key) {
-      member(key, [&] { out.append(raw); });
-      placed = true;
+    for (; next != raw.end() && next->first < std::string_view(k); ++next) {
+      member(next->first);
+      out.append(next->second);
     }
-    member(k, [&] { out += v.dump(); });
+    member(k);
+    out += v.dump();
   }
-  if (!placed) member(key, [&] { out.append(raw); });
+  for (; next != raw.end(); ++next) {
+    member(next->first);
+    out.append(next->second);
+  }
   out += '}';
   return out;
+}
+
+std::string ObjectTextWith(const nlohmann::json& head, std::string_view key, std::string_view raw) {
+  return ObjectTextWith(head, {{key, raw}});
 }
 
 }  // namespace wsync

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <charconv>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -29,5 +31,8 @@ void AppendJsonString(std::string* out, std::string_view s);
 // `head`, an object, as dump() writes it, with one more member `key` whose
 // value is the JSON text `raw`, in its sorted place among head's keys.
 std::string ObjectTextWith(const nlohmann::json& head, std::string_view key, std::string_view raw);
+// The same with several such members, given in key order.
+std::string ObjectTextWith(const nlohmann::json& head,
+                           std::initializer_list<std::pair<std::string_view, std::string_view>> raw);
 
 }  // namespace wsync

@@ -12,6 +12,8 @@
 
 #include <string>
 
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
@@ -21,6 +23,12 @@ namespace wsync {
 
 StatusOr<TrainerSpec> ParseTrainerSpec(const nlohmann::json& j, const std::string& source);
 StatusOr<InferenceSpec> ParseInferenceSpec(const nlohmann::json& j, const std::string& source);
+// The same, from the parts of a document that is not built: "mesh_groups"
+// and each entry of "ranks" where they lie (the controller's registrations,
+// tens of MB at Kimi-K2 scale, are not copied into one document to be read).
+StatusOr<TrainerSpec> ParseTrainerSpec(const nlohmann::json& mesh_groups, const std::vector<const nlohmann::json*>& ranks,
+                                       const std::string& source);
+StatusOr<InferenceSpec> ParseInferenceSpec(const std::vector<const nlohmann::json*>& ranks, const std::string& source);
 // `model_config` (may be null) resolves "{name}" placeholders in a part's
 // `shards` (e.g. "shards": "{num_key_value_heads}") from the HF config.json
 // keys of the same name; without it such placeholders are errors.

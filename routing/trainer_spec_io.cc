@@ -110,14 +110,22 @@ Status ParseTrainerRank(const json& j, const std::string& source, size_t index,
 }  // namespace
 
 StatusOr<TrainerSpec> ParseTrainerSpec(const json& j, const std::string& source) {
-  TrainerSpec spec;
   JsonObjectReader r(j, source);
   WSYNC_RETURN_IF_ERROR(CheckSchema(r, kTrainerSchema));
   const json* groups = r.Array("mesh_groups");
   const json* ranks = r.Array("ranks");
   WSYNC_RETURN_IF_ERROR(r.Finish());
-  for (size_t i = 0; i < groups->size(); ++i) {
-    JsonObjectReader g((*groups)[i], source + ": mesh_groups[" + std::to_string(i) + "]");
+  std::vector<const json*> each;
+  for (const json& rank : *ranks) each.push_back(&rank);
+  return ParseTrainerSpec(*groups, each, source);
+}
+
+StatusOr<TrainerSpec> ParseTrainerSpec(const json& groups, const std::vector<const json*>& ranks,
+                                       const std::string& source) {
+  TrainerSpec spec;
+  if (!groups.is_array()) return InvalidArgument(source + ": 'mesh_groups' must be an array");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    JsonObjectReader g(groups[i], source + ": mesh_groups[" + std::to_string(i) + "]");
     MeshGroupSpec mg;
     g.Str("name", &mg.name);
     g.Str("mesh", &mg.mesh);
@@ -125,9 +133,9 @@ StatusOr<TrainerSpec> ParseTrainerSpec(const json& j, const std::string& source)
     WSYNC_RETURN_IF_ERROR(g.Finish());
     spec.mesh_groups.push_back(std::move(mg));
   }
-  spec.ranks.resize(ranks->size());
-  for (size_t i = 0; i < ranks->size(); ++i)
-    WSYNC_RETURN_IF_ERROR(ParseTrainerRank((*ranks)[i], source, i, &spec.ranks[i]));
+  spec.ranks.resize(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    WSYNC_RETURN_IF_ERROR(ParseTrainerRank(*ranks[i], source, i, &spec.ranks[i]));
   std::stable_sort(spec.ranks.begin(), spec.ranks.end(),
                    [](const TrainerRank& a, const TrainerRank& b) { return a.rank < b.rank; });
   WSYNC_RETURN_IF_ERROR(ValidateTrainerSpec(spec, source));

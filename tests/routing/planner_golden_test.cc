@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "routing/json_reader.h"
+#include "routing/json_text.h"
 #include "routing/planner.h"
 #include "routing/rank_plan.h"
 #include "routing/spec_io.h"
@@ -457,6 +458,10 @@ TEST(RankPlanTextTest, IsTheTreesDumpByteForByte) {
   EXPECT_EQ(ToJsonText(incoming), ToJson(incoming).dump());
   incoming.writes[0].tensor = "w\\\u00e9";
   EXPECT_EQ(ToJsonText(incoming), ToJson(incoming).dump());
+  // Several members written as text, before, between and after the tree's.
+  const nlohmann::json whole = {{"b", 1}, {"d", {2, 3}}, {"a", "x"}, {"c", {{"k", true}}}, {"e", nullptr}};
+  EXPECT_EQ(ObjectTextWith({{"b", 1}, {"d", {2, 3}}}, {{"a", "\"x\""}, {"c", "{\"k\":true}"}, {"e", "null"}}),
+            whole.dump());
 }
 
 }  // namespace
