@@ -102,6 +102,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
           {"reads_done_after", r.reads_done_after},
           {"copied_bytes", r.copied_bytes},
           {"gathered_bytes", r.gathered_bytes},
+          {"exchanged_bytes", r.exchanged_bytes},
           {"written_bytes", r.written_bytes},
           {"writes", r.writes},
           {"sources", r.sources},

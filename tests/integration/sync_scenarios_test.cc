@@ -18,6 +18,7 @@
 
 #include "demo/local_sync.h"
 #include "inference_agent/engine_view.h"
+#include "routing/rank_plan.h"
 
 namespace wsync::demo {
 namespace {
@@ -394,6 +395,57 @@ TEST(SyncScenarios, SmallWatermarkRecyclesMemoryAndNeverExceedsIt) {
   }
   // Whether a source had to block depends on write completion timing.
   std::fprintf(stderr, "sources that waited for memory: %llu\n", static_cast<unsigned long long>(waits));
+}
+
+// The planned exchange between real agent processes (controller
+// --exchange, Gloo alltoallv), on a model whose stacked experts' FSDP shards
+// (192 of 384 rows) cut an fp8 block: each block's writer receives the rows
+// it lacks of every expert of its slice. Bit for bit, and the bytes the
+// agents received are those the controller's plan says they receive.
+TEST(SyncScenarios, ThePlannedExchangeOfStackedExpertsLandsBitForBit) {
+  LocalSyncOptions o = Options("exchange");
+  fs::create_directories(o.work_dir);
+  std::ifstream in(std::string(WSYNC_SOURCE_DIR) + "/configs/models/small-moe.json");
+  nlohmann::json model = nlohmann::json::parse(in);
+  model["hidden_size"] = 384;
+  model["_source"] = "configs/models/small-moe.json with hidden_size 384 (sync_scenarios_test)";
+  std::ofstream(o.work_dir + "/model.json") << model.dump();
+  std::ifstream cin(kCluster);
+  nlohmann::json cluster = nlohmann::json::parse(cin);
+  cluster["model"] = "model.json";
+  cluster["mapping"] = std::string(WSYNC_SOURCE_DIR) + "/configs/mappings/qwen3_moe.json";
+  o.cluster = o.work_dir + "/cluster.json";
+  std::ofstream(o.cluster) << cluster.dump();
+  o.exchange = true;
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  StatusOr<nlohmann::json> status = s->client().GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  const nlohmann::json plan = (*status)["plan"];
+  ASSERT_EQ(plan.value("unshard", ""), "exchange") << plan.dump();
+  const uint64_t planned = plan.value("exchange_bytes", uint64_t{0});
+  EXPECT_GT(planned, 0u);
+  // The case this test is for: a source whose exchanged rows span several
+  // experts, where the pipeline used to gather the whole slice instead.
+  int stacked = 0;
+  for (const TrainerRank& rank : s->specs().trainer.ranks) {
+    StatusOr<TrainerRankPlan> rp = ExtractTrainerRankPlan(s->table(), s->specs().trainer, s->specs().inference, rank.rank);
+    ASSERT_TRUE(rp.ok()) << rp.status().ToString();
+    for (const RankMeshGroup& g : rp->groups)
+      for (const RankSource& src : g.sources) stacked += src.exchange() && src.gather_dim > 0 && src.held.size[0] > 1;
+  }
+  EXPECT_GT(stacked, 0);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    ExpectCompleteAndVerified(*s, v);
+    if (HasFailure()) return;
+  }
+  StatusOr<UpdateReport> r = s->Update(3);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->state, "complete") << r->failure;
+  ASSERT_TRUE(s->Verify(3, &*r).ok());
+  uint64_t received = 0;
+  for (const auto& [rank, st] : r->trainer_stats.items()) received += st.value("exchanged_bytes", uint64_t{0});
+  EXPECT_EQ(received, planned) << r->trainer_stats.dump();
 }
 
 }  // namespace
