@@ -508,8 +508,15 @@ void DomainGroup::Hand(Request* r, Status status) {
 }
 
 void DomainGroup::CheckDeadlines(Clock::time_point now) {
-  for (Request* r = active_head_; r != nullptr; r = r->next_active) {
-    if (r->finished || now < r->deadline) continue;
+  // The active list is newest first; requests that expire in the same pass
+  // (a worker held up under load) are reported oldest first, so a caller
+  // that keeps the first error names the write that waited longest, e.g.
+  // the one to a dead peer that later writes to live peers queued behind.
+  timed_out_.clear();
+  for (Request* r = active_head_; r != nullptr; r = r->next_active)
+    if (!r->finished && now >= r->deadline) timed_out_.push_back(r);
+  for (auto it = timed_out_.rbegin(); it != timed_out_.rend(); ++it) {
+    Request* r = *it;
     r->finished = true;
     // Its operations may never complete (dead peer): stop counting them
     // against the NICs' caps so other peers' requests keep flowing.

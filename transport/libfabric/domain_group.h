@@ -128,6 +128,7 @@ class DomainGroup {
   }
   ImmCounter imm_counter_;
   std::vector<ImmCounter::Expired> expired_;
+  std::vector<Request*> timed_out_;  // CheckDeadlines' scratch, reused
   std::deque<std::string> received_;
   std::deque<Request*> pending_recvs_;
   Request* pending_head_ = nullptr;
