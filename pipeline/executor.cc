@@ -275,10 +275,6 @@ void PlanExecutor::Impl::FlushPending(bool post) {
   pending.clear();
 }
 
-// Returns non-OK only for a failed collective (the group is then unusable and
-// the peers have failed too). Any other failure is recorded and the source's
-// collectives still run with whatever data there is, writing nothing, so the
-// peers finish the version quickly instead of waiting for a Gloo timeout.
 // The received pieces of a stacked tensor, each `planes` runs back to back
 // at `landing`, spread into their rows of every held plane.
 Status PlanExecutor::Impl::UnpackPlanes(const SourceWork& sw, const uint8_t* landing, uint8_t* held) {
@@ -293,6 +289,10 @@ Status PlanExecutor::Impl::UnpackPlanes(const SourceWork& sw, const uint8_t* lan
   return Status::Ok();
 }
 
+// Returns non-OK only for a failed collective (the group is then unusable and
+// the peers have failed too). Any other failure is recorded and the source's
+// collectives still run with whatever data there is, writing nothing, so the
+// peers finish the version quickly instead of waiting for a Gloo timeout.
 Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   const RankSource& src = *sw.src;
   VersionReport* report = run_report;

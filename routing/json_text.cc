@@ -6,7 +6,7 @@ void AppendJsonString(std::string* out, std::string_view s) {
   bool plain = true;
   for (const char c : s) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
   if (!plain) {
-    *out += nlohmann::json(std::string(s)).dump();
+    *out += nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return;
   }
   *out += '"';
@@ -29,7 +29,7 @@ std::string ObjectTextWith(const nlohmann::json& head,
       out.append(next->second);
     }
     member(k);
-    out += v.dump();
+    out += v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   for (; next != raw.end(); ++next) {
     member(next->first);

@@ -25,7 +25,8 @@ void AppendJsonInt(std::string* out, T v) {
 }
 
 // A JSON string as dump() writes it (printable ASCII fast, the rest through
-// nlohmann's own escaping, which throws on invalid UTF-8 as dump() does).
+// nlohmann's own escaping). Invalid UTF-8 is replaced (U+FFFD), not thrown
+// on: a plan or slice is served whole or not at all, never half-written.
 void AppendJsonString(std::string* out, std::string_view s);
 
 // `head`, an object, as dump() writes it, with one more member `key` whose

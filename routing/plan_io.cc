@@ -108,35 +108,13 @@ json PlanToJson(const RoutingTable& table) {
 }
 
 std::string PlanToText(const RoutingTable& table) {
-  // dump() writes an object's keys sorted; "ops" sorts between
-  // "mesh_groups" and "schema".
-  const json head = PlanHeadJson(table);
-  std::string out = "{";
-  bool first = true, ops_done = false;
-  auto key = [&](const std::string& k) {
-    if (!first) out += ',';
-    first = false;
-    out += json(k).dump(-1, ' ', false, json::error_handler_t::replace);
-    out += ':';
-  };
-  auto ops = [&] {
-    key("ops");
-    out += '[';
-    for (size_t i = 0; i < table.ops.size(); ++i) {
-      if (i > 0) out += ',';
-      AppendOp(&out, table.ops[i]);
-    }
-    out += ']';
-    ops_done = true;
-  };
-  for (const auto& [k, v] : head.items()) {
-    if (!ops_done && k > "ops") ops();
-    key(k);
-    out += v.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string ops = "[";
+  for (const WriteOp& op : table.ops) {
+    if (ops.size() > 1) ops += ',';
+    AppendOp(&ops, op);
   }
-  if (!ops_done) ops();
-  out += '}';
-  return out;
+  ops += ']';
+  return ObjectTextWith(PlanHeadJson(table), "ops", ops);
 }
 
 StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {

@@ -1,7 +1,5 @@
 #include "routing/rank_plan.h"
 
-#include "routing/json_text.h"
-
 #include <algorithm>
 #include <limits>
 #include <optional>
