@@ -60,7 +60,8 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
     const auto& shadow = options.shadow->regions();
     bool same = live.size() == shadow.size();
     for (size_t i = 0; same && i < live.size(); ++i)
-      same = live[i].id == shadow[i].id && live[i].size == shadow[i].size && live[i].kind == shadow[i].kind;
+      same = live[i].id == shadow[i].id && live[i].size == shadow[i].size &&
+             (live[i].kind == shadow[i].kind || shadow[i].kind == transport::MemoryKind::kHost);
     if (!same) return InvalidArgument(where + ": the shadow memory's regions differ from '" + memory->name() + "'");
   }
   std::unique_ptr<InferenceAgent> agent(

@@ -58,10 +58,12 @@ class WeightMemory {
   virtual Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const;
 };
 
-// Shadow mode: memory of the same regions (ids, sizes, kinds) where the
-// writes land instead of the engine's, and the copy that moves a complete
-// version's bytes from it into the engine's weights (InferenceAgent::Commit),
-// so a version that fails never touches them.
+// Shadow mode: memory of the same regions (ids, sizes) where the writes
+// land instead of the engine's, and the copy that moves a complete version's
+// bytes from it into the engine's weights (InferenceAgent::Commit), so a
+// version that fails never touches them. A shadow region is of the live
+// one's kind, or host memory for a device region: host staging, for a
+// transport that cannot register device memory.
 class ShadowMemory {
  public:
   virtual ~ShadowMemory() = default;

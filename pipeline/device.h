@@ -11,6 +11,12 @@
 // over ATen on the trainer's own CUDA device (python/src/torch_device.cc).
 // Implementations must give the same bytes as the CPU stages (box_pack.h,
 // the fp8 reference): the GPU tests compare against plain torch on the CPU.
+//
+// Host staging (ExecutorOptions::stage_through_host): where the engine
+// cannot register device memory (a libfabric without FI_HMEM), the arena
+// gets a mirror in pinned host memory, registered in its place; every
+// write's bytes are copied device-to-host into the mirror at the same
+// offset before the wait that precedes posting.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +70,14 @@ class DeviceOps {
   // Copies `bytes` of device memory to the host and returns once they are
   // there; called only after Synchronize (for checksums of written bytes).
   virtual Status ReadBack(void* host, const void* src, uint64_t bytes) = 0;
+
+  // Host staging. Page-locked host memory (the arena's mirror), so that
+  // copies into it run asynchronously; freed by FreeHost.
+  virtual StatusOr<void*> AllocateHost(uint64_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
+  // Device memory into host memory AllocateHost gave, ordered on the stream
+  // like every stage above: the bytes are there once Synchronize returns.
+  virtual Status CopyToHost(void* host, const void* src, uint64_t bytes) = 0;
 };
 
 }  // namespace wsync

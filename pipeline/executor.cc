@@ -177,6 +177,7 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
 }
 
 StatusOr<uint64_t> PlanExecutor::Impl::ChecksumArena(uint64_t at, uint64_t bytes) {
+  if (arena->mirror() != nullptr) return Checksum64(arena->mirror() + at, bytes);  // what the engine sends
   const uint8_t* p = arena->data() + at;
   if (options.device == nullptr) return Checksum64(p, bytes);
   constexpr uint64_t kPiece = 16ull << 20;
@@ -273,6 +274,23 @@ void PlanExecutor::Impl::FlushPending(bool post) {
     GiveBack(*sw, posted);
   }
   pending.clear();
+}
+
+// Host staging: every write's bytes, device-to-host into the arena's mirror
+// at the same offsets (writes whose bytes touch as one copy), on the device's
+// stream: the wait before posting (FlushPending) covers them.
+Status PlanExecutor::Impl::StageToHost(const SourceWork& sw, VersionReport* report) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // [offset, end) in the arena
+  for (const WriteWork& ww : sw.writes) {
+    const uint64_t at = sw.chunk + ww.staging_at, end = at + ww.write->bytes;
+    if (!runs.empty() && runs.back().second == at) runs.back().second = end;
+    else runs.emplace_back(at, end);
+    report->staged_bytes += ww.write->bytes;
+  }
+  for (const auto& [at, end] : runs) {
+    WSYNC_RETURN_IF_ERROR(options.device->CopyToHost(arena->mirror() + at, arena->data() + at, end - at));
+  }
+  return Status::Ok();
 }
 
 // The received pieces of a stacked tensor, each `planes` runs back to back
@@ -448,6 +466,13 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
       return give_up("pack");
     }
   }
+  if (arena->mirror() != nullptr) {
+    Status staged = StageToHost(sw, report);
+    if (!staged.ok()) {
+      RecordError(staged.WithContext(Where(sw) + ": host staging"));
+      return give_up("host staging");
+    }
+  }
   t.quantize_pack += Since(t0);
   pending.push_back(&sw);
   if (pending.size() >= kMaxPending || &sw == &work.back()) FlushPending();
@@ -459,6 +484,9 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
 StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(TrainerRankPlan plan, transport::Engine* engine,
                                                              GroupFactory* groups, ExecutorOptions options) {
   if (engine == nullptr || groups == nullptr) return InvalidArgument("plan executor: engine and groups are required");
+  if (options.stage_through_host && options.device == nullptr) {
+    return InvalidArgument("plan executor: host staging (stage_through_host) needs a device pipeline");
+  }
   std::unique_ptr<PlanExecutor> executor(new PlanExecutor(std::move(plan)));
   executor->impl_ = std::make_unique<Impl>();
   Impl& impl = *executor->impl_;
@@ -591,6 +619,10 @@ std::string VersionReport::Summary() const {
                 reads_done_after, static_cast<double>(peak_temp_bytes) / (1 << 20),
                 static_cast<double>(watermark_bytes) / (1 << 20));
   std::string line = buf;
+  if (staged_bytes > 0) {
+    std::snprintf(buf, sizeof buf, "; %.1f MiB staged through pinned host memory", static_cast<double>(staged_bytes) / (1 << 20));
+    line += buf;
+  }
   if (!checksums.empty()) {
     std::snprintf(buf, sizeof buf, "; %zu checksums in %.3f s", checksums.size(), seconds.checksum);
     line += buf;

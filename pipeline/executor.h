@@ -83,6 +83,11 @@ struct ExecutorOptions {
   // pass over the written bytes on the host (read back first from a
   // device), so it is off unless asked for.
   bool checksums = false;
+  // With a device: the writes leave from pinned host memory, each one's
+  // bytes copied device-to-host first (pipeline/device.h, host staging).
+  // For an engine that cannot register device memory; slower than writes
+  // straight from the device by one copy of every written byte.
+  bool stage_through_host = false;
 };
 
 // Seconds spent per stage in one Run.
@@ -107,6 +112,7 @@ struct VersionReport {
   uint64_t gathered_bytes = 0;   // held tensors after all-gather or exchange
   uint64_t exchanged_bytes = 0;  // of those, bytes received from peers (exchange or all-gather)
   uint64_t written_bytes = 0;
+  uint64_t staged_bytes = 0;     // of those, copied device-to-host first (stage_through_host)
   uint64_t writes = 0;
   uint64_t sources = 0;
   uint64_t watermark_waits = 0;  // sources that had to wait for memory

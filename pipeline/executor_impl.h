@@ -162,6 +162,7 @@ struct PlanExecutor::Impl {
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
   Status ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw);
   Status UnpackPlanes(const SourceWork& sw, const uint8_t* landing, uint8_t* held);
+  Status StageToHost(const SourceWork& sw, VersionReport* report);
   Status EnsureGroups(uint64_t version);
   Status CheckVersion(size_t g, uint64_t version);
   // The start and the end of a Run or a replay: the report's fixed fields

@@ -278,7 +278,7 @@ Status PlanExecutor::Impl::Resolve() {
   // fragmentation rarely makes a source wait when the watermark would not.
   const uint64_t capacity = std::min(options.watermark_bytes, staging + 2 * largest);
   if (capacity > 0) {
-    WSYNC_ASSIGN_OR_RETURN(arena, TempArena::Create(capacity, engine, options.device));
+    WSYNC_ASSIGN_OR_RETURN(arena, TempArena::Create(capacity, engine, options.device, options.stage_through_host));
   }
   return Status::Ok();
 }

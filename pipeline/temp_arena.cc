@@ -9,8 +9,9 @@
 namespace wsync {
 
 StatusOr<std::unique_ptr<TempArena>> TempArena::Create(uint64_t capacity, transport::Engine* engine,
-                                                       DeviceOps* device) {
+                                                       DeviceOps* device, bool host_mirror) {
   if (capacity == 0) return InvalidArgument("temporary memory: capacity must be positive");
+  if (host_mirror && device == nullptr) return InvalidArgument("temporary memory: a host mirror needs a device");
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   std::unique_ptr<TempArena> arena(new TempArena);
   arena->capacity_ = AlignTemp(capacity);
@@ -23,8 +24,18 @@ StatusOr<std::unique_ptr<TempArena>> TempArena::Create(uint64_t capacity, transp
     }
     arena->data_ = static_cast<uint8_t*>(*p);
     arena->device_ = device;
-    WSYNC_ASSIGN_OR_RETURN(arena->region_,
-                           engine->Register(arena->data_, arena->mapped_, device->kind(), device->ordinal()));
+    if (host_mirror) {
+      StatusOr<void*> m = device->AllocateHost(arena->mapped_);
+      if (!m.ok()) {
+        return m.status().WithContext("temporary memory: a host mirror of " + std::to_string(arena->mapped_) +
+                                      " pinned bytes for " + device->name());
+      }
+      arena->mirror_ = static_cast<uint8_t*>(*m);
+      WSYNC_ASSIGN_OR_RETURN(arena->region_, engine->Register(arena->mirror_, arena->mapped_));
+    } else {
+      WSYNC_ASSIGN_OR_RETURN(arena->region_,
+                             engine->Register(arena->data_, arena->mapped_, device->kind(), device->ordinal()));
+    }
   } else {
     void* p = mmap(nullptr, arena->mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -41,8 +52,12 @@ StatusOr<std::unique_ptr<TempArena>> TempArena::Create(uint64_t capacity, transp
 TempArena::~TempArena() {
   region_.reset();  // deregister before freeing
   if (data_ == nullptr) return;
-  if (device_ != nullptr) device_->Free(data_);
-  else munmap(data_, mapped_);
+  if (device_ != nullptr) {
+    device_->Free(data_);
+    if (mirror_ != nullptr) device_->FreeHost(mirror_);
+  } else {
+    munmap(data_, mapped_);
+  }
 }
 
 bool TempArena::TryTake(uint64_t bytes, uint64_t* offset) {

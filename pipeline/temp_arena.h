@@ -34,9 +34,11 @@ class TempArena {
  public:
   // Maps `capacity` bytes (rounded up to pages) and registers them with
   // `engine`, which must outlive the arena. With `device`, the bytes are
-  // that device's memory (DeviceOps::Allocate), registered as such.
+  // that device's memory (DeviceOps::Allocate), registered as such; with
+  // `host_mirror` too, a mirror of the same size in pinned host memory
+  // (DeviceOps::AllocateHost) is registered instead (host staging).
   static StatusOr<std::unique_ptr<TempArena>> Create(uint64_t capacity, transport::Engine* engine,
-                                                     DeviceOps* device = nullptr);
+                                                     DeviceOps* device = nullptr, bool host_mirror = false);
   ~TempArena();
   TempArena(const TempArena&) = delete;
   TempArena& operator=(const TempArena&) = delete;
@@ -54,6 +56,9 @@ class TempArena {
   void Poke();
 
   uint8_t* data() const { return data_; }
+  // The host mirror (nullptr without one): byte i of it stages byte i of data().
+  uint8_t* mirror() const { return mirror_; }
+  // What the engine writes from: data(), or the mirror where there is one.
   const transport::MemoryRegion* region() const { return region_.get(); }
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const;
@@ -66,7 +71,8 @@ class TempArena {
   bool TryTake(uint64_t bytes, uint64_t* offset);  // under mu_
 
   uint8_t* data_ = nullptr;
-  DeviceOps* device_ = nullptr;  // owns data_ when set
+  DeviceOps* device_ = nullptr;  // owns data_ (and mirror_) when set
+  uint8_t* mirror_ = nullptr;
   uint64_t mapped_ = 0;
   uint64_t capacity_ = 0;
   std::unique_ptr<transport::MemoryRegion> region_;

@@ -104,6 +104,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
           {"gathered_bytes", r.gathered_bytes},
           {"exchanged_bytes", r.exchanged_bytes},
           {"written_bytes", r.written_bytes},
+          {"staged_bytes", r.staged_bytes},
           {"writes", r.writes},
           {"sources", r.sources},
           {"watermark_waits", r.watermark_waits},

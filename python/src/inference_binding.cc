@@ -65,12 +65,34 @@ void InProcessWeights::Stop() {
 
 // ----------------------------------------------------------- TorchShadow --
 
-// Shadow mode for an engine's own tensors: shadow tensors the Python side
-// allocated beside them (same device), copied out on the current stream and
-// waited for before the version word moves.
+// Shadow mode for an engine's own tensors: a shadow tensor beside each (on
+// its device), or in pinned host memory for a GPU tensor (host staging),
+// copied out on the current stream and waited for before the version word
+// moves.
 class TorchShadow : public inference::ShadowMemory {
  public:
-  explicit TorchShadow(std::vector<inference::WeightMemory::Region> regions) : regions_(std::move(regions)) {}
+  // Allocates the shadow of every region of `live`; `staging`: GPU
+  // regions' shadows in pinned host memory.
+  static StatusOr<std::unique_ptr<TorchShadow>> Create(const std::vector<inference::WeightMemory::Region>& live,
+                                                       bool staging) {
+    auto shadow = std::unique_ptr<TorchShadow>(new TorchShadow);
+    Status s = Torch("allocating the shadow", [&] {
+      for (const inference::WeightMemory::Region& r : live) {
+        const bool host = r.kind == transport::MemoryKind::kHost || staging;
+        auto options = at::TensorOptions().dtype(at::kByte);
+        options = host ? options.pinned_memory(r.kind != transport::MemoryKind::kHost)
+                       : options.device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device));
+        at::Tensor t = at::empty({static_cast<int64_t>(std::max<uint64_t>(r.size, 1))}, options);
+        inference::WeightMemory::Region copy = r;
+        copy.data = static_cast<uint8_t*>(t.data_ptr());
+        if (host) copy.kind = transport::MemoryKind::kHost;
+        shadow->regions_.push_back(copy);
+        shadow->tensors_.push_back(std::move(t));
+      }
+    });
+    if (!s.ok()) return s;
+    return shadow;
+  }
   const std::vector<inference::WeightMemory::Region>& regions() const override { return regions_; }
   Status CopyOut(const inference::WeightMemory::Region& from, const inference::WeightMemory::Region& to,
                  uint64_t offset, uint64_t bytes) override {
@@ -79,7 +101,8 @@ class TorchShadow : public inference::ShadowMemory {
       return Status::Ok();
     }
     return Torch("copy out of the shadow", [&] {
-      Bytes(to, offset, bytes).copy_(Bytes(from, offset, bytes));
+      // From pinned host memory (staging) the copy is asynchronous too.
+      Bytes(to, offset, bytes).copy_(Bytes(from, offset, bytes), /*non_blocking=*/true);
       last_ = &to;
     });
   }
@@ -95,10 +118,13 @@ class TorchShadow : public inference::ShadowMemory {
   }
 
  private:
+  TorchShadow() = default;
   static at::Tensor Bytes(const inference::WeightMemory::Region& r, uint64_t offset, uint64_t bytes) {
-    return at::from_blob(r.data + offset, {static_cast<int64_t>(bytes)},
-                         at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::CUDA,
-                                                                     static_cast<c10::DeviceIndex>(r.device)));
+    auto options = at::TensorOptions().dtype(at::kByte);
+    if (r.kind != transport::MemoryKind::kHost) {
+      options = options.device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device));
+    }
+    return at::from_blob(r.data + offset, {static_cast<int64_t>(bytes)}, options);
   }
   template <typename Fn>
   static Status Torch(const char* what, Fn&& fn) {
@@ -113,14 +139,14 @@ class TorchShadow : public inference::ShadowMemory {
   }
 
   std::vector<inference::WeightMemory::Region> regions_;
+  std::vector<at::Tensor> tensors_;  // regions_' memory, kept alive
   const inference::WeightMemory::Region* last_ = nullptr;
 };
 
 // ------------------------------------------------------- InferenceSession --
 
 StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
-    InferenceConfig config, std::vector<inference::WeightMemory::Region> regions,
-    std::vector<inference::WeightMemory::Region> shadow) {
+    InferenceConfig config, std::vector<inference::WeightMemory::Region> regions) {
   // The strict loader checks the entry alone, numbered 0 (as the controller does).
   nlohmann::json alone = config.rank;
   const int32_t rank = alone.value("rank", -1);
@@ -144,20 +170,43 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
-  for (const auto& r : regions) fabric.enable_hmem = fabric.enable_hmem || r.kind == transport::MemoryKind::kCuda;
+  const std::string& staging = s->config_.staging;
+  if (staging != "auto" && staging != "on" && staging != "off") {
+    return InvalidArgument(me + ": staging='" + staging + "': expected 'auto', 'on' or 'off'");
+  }
+  const bool gpu = std::any_of(regions.begin(), regions.end(),
+                               [](const auto& r) { return r.kind == transport::MemoryKind::kCuda; });
+  fabric.enable_hmem = gpu && staging != "on";
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
-  if (fabric.enable_hmem && !(*engine)->capabilities().cuda_memory) {
-    return FailedPrecondition(me + ": the tensors are in GPU memory, but " + (*engine)->Describe() +
-                              "; use a libfabric built with CUDA (e.g. the AWS EFA installer's) or host tensors");
+  const auto log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
+  if (gpu && !(*engine)->capabilities().cuda_memory) {
+    if (staging == "off") {
+      return FailedPrecondition(me + ": the tensors are in GPU memory, but " + (*engine)->Describe() +
+                                "; use a libfabric built with CUDA (e.g. the AWS EFA installer's), host tensors, "
+                                "or staging='auto'");
+    }
+    s->staged_ = true;
+  }
+  s->staged_ = s->staged_ || (gpu && staging == "on");
+  if (s->staged_) {
+    log(me + ": writes land in pinned host memory and are copied into the GPU tensors once a version landed on "
+        "every rank (host staging: " +
+        (staging == "on" ? std::string("asked for") : "the transport cannot receive into GPU memory: " +
+                                                          (*engine)->Describe()) +
+        "); the slower path: as much pinned host memory as the tensors, and one more copy of every byte");
   }
 
+  inference::InferenceAgentOptions agent_options;
+  agent_options.log = log;
+  agent_options.hold = s->config_.verify_checksums;
+  if (s->config_.shadow || s->staged_) {
+    StatusOr<std::unique_ptr<TorchShadow>> shadow = TorchShadow::Create(regions, s->staged_);
+    if (!shadow.ok()) return shadow.status().WithContext(me);
+    agent_options.shadow = std::move(shadow).value();
+  }
   auto weights = std::make_unique<InProcessWeights>(std::move(regions));
   s->weights_ = weights.get();
-  inference::InferenceAgentOptions agent_options;
-  agent_options.log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
-  agent_options.hold = s->config_.verify_checksums;
-  if (!shadow.empty()) agent_options.shadow = std::make_shared<TorchShadow>(std::move(shadow));
   WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine).value(), std::move(weights),
                                                                       std::move(layout), agent_options));
 

@@ -40,6 +40,14 @@ struct InferenceConfig {
   // Hold each landed version until checked against the trainers' checksums
   // (AgentRunnerOptions::verify_checksums).
   bool verify_checksums = false;
+  // Shadow mode: the writes land in a copy of every tensor (allocated here,
+  // beside each), copied in once the version landed on every rank.
+  bool shadow = false;
+  // GPU tensors: "auto" registers them in place where the transport can
+  // (FI_HMEM) and otherwise lands the writes in pinned host memory, copied
+  // host-to-device once the version landed everywhere (a shadow in host
+  // memory); "on" always stages, "off" refuses a transport without FI_HMEM.
+  std::string staging = "auto";
 };
 
 // Version words in this process, waited on by wait_version().
@@ -75,13 +83,13 @@ class InProcessWeights : public inference::WeightMemory {
 
 class InferenceSession {
  public:
-  // Registers the regions with a new engine and then with the controller;
-  // returns once the controller accepted the layout (the plan comes later,
-  // when every rank is there).
-  // `shadow` (empty: off): shadow mode's landing memory, one per region.
+  // Registers the regions (or their shadows) with a new engine and then
+  // with the controller; returns once the controller accepted the layout
+  // (the plan comes later, when every rank is there).
   static StatusOr<std::unique_ptr<InferenceSession>> Create(InferenceConfig config,
-                                                            std::vector<inference::WeightMemory::Region> regions,
-                                                            std::vector<inference::WeightMemory::Region> shadow = {});
+                                                            std::vector<inference::WeightMemory::Region> regions);
+  // Whether the writes land in pinned host memory (host staging).
+  bool staged() const { return staged_; }
   ~InferenceSession();  // Close()
 
   // Blocks until version v is complete here (OK), failed (the failure, with
@@ -103,6 +111,7 @@ class InferenceSession {
 
   InferenceConfig config_;
   controller::ControllerClient client_;
+  bool staged_ = false;
   InProcessWeights* weights_ = nullptr;  // owned by agent_
   std::unique_ptr<inference::InferenceAgent> agent_;
   std::atomic<bool> stop_{false};

@@ -171,6 +171,7 @@ PYBIND11_MODULE(_C, m) {
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.cuda_device = c.value("cuda_device", -1);
              config.host_shards = c.value("host_shards", false);
+             config.staging = c.value("staging", std::string("auto"));
              std::vector<TorchProcessGroup> groups;
              for (const py::handle& item : process_groups) {
                auto pair = item.cast<py::tuple>();
@@ -217,8 +218,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<InferenceSession>(m, "InferenceSession")
       .def(py::init([](const std::string& config_json,
-                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& regions,
-                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& shadow) {
+                       const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& regions) {
              const nlohmann::json c = ParseJson(config_json, "inference config");
              InferenceConfig config;
              config.rank = c.at("rank");
@@ -230,6 +230,8 @@ PYBIND11_MODULE(_C, m) {
              config.node = c.value("node", std::string());
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.verify_checksums = c.value("verify_checksums", false);
+             config.shadow = c.value("shadow", false);
+             config.staging = c.value("staging", std::string("auto"));
              auto to_regions = [](const auto& list) {
                std::vector<inference::WeightMemory::Region> rs;
                for (const auto& [id, ptr, size, cuda, device] : list) {
@@ -238,14 +240,14 @@ PYBIND11_MODULE(_C, m) {
                }
                return rs;
              };
-             std::vector<inference::WeightMemory::Region> rs = to_regions(regions), ss = to_regions(shadow);
+             std::vector<inference::WeightMemory::Region> rs = to_regions(regions);
              py::gil_scoped_release nogil;
              StatusOr<std::unique_ptr<InferenceSession>> s =
-                 InferenceSession::Create(std::move(config), std::move(rs), std::move(ss));
+                 InferenceSession::Create(std::move(config), std::move(rs));
              py::gil_scoped_acquire gil;
              return Take(std::move(s));
            }),
-           py::arg("config_json"), py::arg("regions"), py::arg("shadow"))
+           py::arg("config_json"), py::arg("regions"))
       .def("wait_version",
            [](InferenceSession& s, uint64_t v, double timeout_s) {
              CheckWithoutGil([&] { return s.WaitVersion(v, Ms(timeout_s)); });
@@ -258,6 +260,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("version"), py::arg("timeout_s"))
       .def_property_readonly("complete_version", &InferenceSession::complete_version)
       .def_property_readonly("failed_version", &InferenceSession::failed_version)
+      .def_property_readonly("staged", &InferenceSession::staged)
       .def("close", [](InferenceSession& s) {
         py::gil_scoped_release nogil;
         s.Close();

@@ -308,6 +308,29 @@ class TorchCudaDevice : public DeviceOps {
     return r;
   }
 
+  // Host staging: pinned memory from torch's host allocator (counted by its
+  // statistics), copied into on the stream.
+  StatusOr<void*> AllocateHost(uint64_t bytes) override {
+    return Run("allocate pinned host memory", [&]() -> void* {
+      at::Tensor t = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      void* p = t.data_ptr();
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned_.emplace(p, std::move(t));
+      return p;
+    });
+  }
+  void FreeHost(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_.erase(p);
+  }
+  Status CopyToHost(void* host, const void* src, uint64_t bytes) override {
+    return Run("copy to host staging", [&] {
+      at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(at::kCPU))
+          .copy_(Bytes(const_cast<void*>(src), bytes), /*non_blocking=*/true);
+      return nullptr;
+    }).status();
+  }
+
   Status ReadBack(void* host, const void* src, uint64_t bytes) override {
     return Run("read back", [&] {
       at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))
@@ -341,7 +364,8 @@ class TorchCudaDevice : public DeviceOps {
   c10::Stream stream_;
   const bool host_shards_;  // the shards the executor copies from are in host memory
   std::mutex mu_;
-  std::unordered_map<void*, at::Tensor> owned_;  // arena allocations, kept alive
+  std::unordered_map<void*, at::Tensor> owned_;   // arena allocations, kept alive
+  std::unordered_map<void*, at::Tensor> pinned_;  // host staging, kept alive
   // Per kernel quantize since the last Synchronize, one int32 slot on the
   // device that it sets on a NaN/Inf; the pinned copy is what Synchronize
   // read back.

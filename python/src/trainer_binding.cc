@@ -98,18 +98,33 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
+  const std::string& staging = s->config_.staging;
+  if (staging != "auto" && staging != "on" && staging != "off") {
+    return InvalidArgument(me + ": staging='" + staging + "': expected 'auto', 'on' or 'off'");
+  }
   if (s->config_.cuda_device >= 0) {
     WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device, s->config_.host_shards));
-    fabric.enable_hmem = true;
+    fabric.enable_hmem = staging != "on";
     fabric.gpu = s->config_.cuda_device;
   }
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
   if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
   s->engine_ = std::move(engine).value();
   s->fabric_options_ = fabric;
-  if (s->device_ != nullptr && !s->engine_->capabilities().cuda_memory) {
-    return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but " + s->engine_->Describe() +
-                              "; use a libfabric built with CUDA (FI_HMEM)");
+  bool stage = false;
+  if (s->device_ != nullptr) {
+    const bool direct = s->engine_->capabilities().cuda_memory;
+    if (!direct && staging == "off") {
+      return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but " +
+                                s->engine_->Describe() + "; use a libfabric built with CUDA (FI_HMEM), or staging='auto'");
+    }
+    stage = staging == "on" || !direct;
+    if (stage) {
+      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: " +
+                        (staging == "on" ? std::string("asked for") : "the transport cannot send GPU memory: " +
+                                                                          s->engine_->Describe()) +
+                        "); the slower path: one more copy of every written byte");
+    }
   }
 
   StatusOr<nlohmann::json> reg = s->client_.RegisterTrainerJson(s->config_.registration);
@@ -133,12 +148,14 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   options.rendezvous_prefix = s->config_.job + "/" + slice->plan_id;
   options.write_timeout = s->config_.timeout;
   options.device = s->device_.get();
+  options.stage_through_host = stage;
   WSYNC_ASSIGN_OR_RETURN(s->executor_, PlanExecutor::Create(std::move(slice->plan), s->engine_.get(),
                                                             s->groups_.get(), options));
   LogLine(rank, "plan " + s->plan_id_ + ": " + std::to_string(s->executor_->plan().writes) + " writes, " +
                     std::to_string(s->executor_->plan().write_bytes) + " bytes per version; temporary memory " +
                     std::to_string(s->executor_->arena_bytes()) + " bytes" +
-                    (s->device_ ? " on " + s->device_->name() : std::string()) + " (watermark " +
+                    (s->device_ ? " on " + s->device_->name() : std::string()) +
+                    (stage ? ", mirrored in pinned host memory" : "") + " (watermark " +
                     std::to_string(options.watermark_bytes) + ")");
   return s;
 }
@@ -248,6 +265,7 @@ nlohmann::json TrainerSession::Describe() const {
     j["write_bytes"] = p.write_bytes;
     j["arena_bytes"] = executor_->arena_bytes();
     j["transport"] = engine_->Describe();
+    j["host_staging"] = executor_options_.stage_through_host;
   }
   return j;
 }

@@ -56,6 +56,11 @@ struct TrainerConfig {
   // CPUOffloadPolicy keeps them pinned there); the copy stage brings them
   // host-to-device into the arena.
   bool host_shards = false;
+  // Writes from GPU memory: "auto" sends straight from the device where the
+  // transport can register device memory (FI_HMEM) and stages them through
+  // pinned host memory otherwise; "on" always stages, "off" never (a
+  // transport without FI_HMEM is then refused).
+  std::string staging = "auto";
 };
 
 // One local shard as the trainer holds it now: row-major bytes of the

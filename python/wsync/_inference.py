@@ -37,11 +37,16 @@ class InferenceAgent(SessionOwner):
     again, on the same device); the tensors change only once a version is
     complete on every rank, by a local copy, so a version that fails leaves
     them at the last complete one (docs/PYTHON.md).
+    staging (GPU tensors): "auto" registers them in place where the
+    transport can (a libfabric with FI_HMEM) and otherwise lands the writes
+    in pinned host memory, copied host-to-device once a version landed on
+    every rank (shadow mode with the shadow in host memory; the log says
+    so); "on" always does that, "off" refuses a transport without FI_HMEM.
     """
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None, verify_checksums=False, shadow=False):
+                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto"):
         self.rank = rank
         self.job = job
         layout = layout or {}
@@ -85,12 +90,15 @@ class InferenceAgent(SessionOwner):
                       "tensors": entries}
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
-                  "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums)}
-        # Shadow mode: the writes land in a copy of each tensor; the tensors
-        # change only once a version is complete on every rank.
-        self._shadow = {name: torch.empty_like(t) for name, t in self._tensors.items()} if shadow else {}
-        shadow_regions = [(r[0], self._shadow[r[0]].data_ptr()) + r[2:] for r in regions] if shadow else []
-        self._session = _C.InferenceSession(json.dumps(config), regions, shadow_regions)
+                  "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),
+                  "shadow": bool(shadow), "staging": str(staging)}
+        # The shadow (shadow mode, host staging) is allocated by the session.
+        self._session = _C.InferenceSession(json.dumps(config), regions)
+
+    @property
+    def staged(self):
+        """Whether the writes land in pinned host memory first (host staging)."""
+        return self._session.staged
 
     @property
     def complete_version(self):

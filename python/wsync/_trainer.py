@@ -75,11 +75,18 @@ class TrainerAgent(SessionOwner):
     CPUOffloadPolicy keeps them: each push copies them host-to-device into
     the temporary arena (asynchronously from pinned memory) and unshards,
     quantizes and writes there.
+
+    `staging` (a pipeline on a GPU): "auto" writes straight from GPU memory
+    where the transport can register it (a libfabric with FI_HMEM) and
+    otherwise stages every write through pinned host memory (a mirror of
+    the temporary arena, one more device-to-host copy per written byte; the
+    log says so); "on" always stages, "off" refuses a transport without
+    FI_HMEM.
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
                  nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
-                 tls_ca_file=None, checksums=False, device=None):
+                 tls_ca_file=None, checksums=False, device=None, staging="auto"):
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
@@ -97,7 +104,8 @@ class TrainerAgent(SessionOwner):
         config = {"registration": self.registration, "controller": controller, "job": job, "provider": provider,
                   "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "", "nics": nics, "node": node,
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
-                  "cuda_device": self._cuda_device, "host_shards": host_shards, "checksums": bool(checksums)}
+                  "cuda_device": self._cuda_device, "host_shards": host_shards, "checksums": bool(checksums),
+                  "staging": str(staging)}
         self._session = _C.TrainerSession(json.dumps(config), groups)
         self._groups = groups  # the process groups outlive the session
         self._last = None

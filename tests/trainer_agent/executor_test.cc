@@ -87,7 +87,22 @@ class DeferredHostDevice : public DeviceOps {
     std::memcpy(host, src, bytes);
     return Status::Ok();
   }
+  // The host mirror starts as bytes no plan writes: a write sent from it
+  // before its copy ran lands them.
+  StatusOr<void*> AllocateHost(uint64_t bytes) override {
+    StatusOr<void*> p = Allocate(bytes);
+    if (p.ok()) std::memset(*p, 0xA5, bytes);
+    ++host_allocations;
+    return p;
+  }
+  void FreeHost(void* p) override { std::free(p); }
+  Status CopyToHost(void* host, const void* src, uint64_t bytes) override {
+    copied_to_host += bytes;
+    return Defer([=] { std::memcpy(host, src, bytes); });
+  }
   int synchronizes = 0;
+  int host_allocations = 0;
+  uint64_t copied_to_host = 0;
 
  private:
   Status Defer(std::function<void()> op) {
@@ -502,6 +517,45 @@ TEST_P(ExecutorTest, ChecksumsAreOfTheBytesThatLand) {
     EXPECT_GT(checked, 0u);
     for (auto& rank : ranks_) rank->executor.reset();
   }
+}
+
+// Host staging (an engine that cannot register device memory): the writes
+// leave from a pinned host mirror of the device arena, filled by copies
+// that run late like every device stage. A write sent from the arena, or
+// before its copy ran, would land the mirror's filler; every byte must land
+// as on the host, and the checksums must be of the bytes that landed.
+TEST_P(ExecutorTest, HostStagedWritesLandBitForBit) {
+  Setup setup = Options(64 << 20);
+  setup.executor.stage_through_host = true;
+  setup.executor.checksums = true;
+  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateDeviceExecutor(r, setup).ok());
+  for (uint64_t v = 1; v <= 2; ++v) {
+    std::vector<VersionReport> reports = UpdateAndVerify(v);
+    if (HasFailure()) return;
+    uint64_t written = 0;
+    for (const VersionReport& rep : reports) {
+      EXPECT_EQ(rep.staged_bytes, rep.written_bytes);
+      EXPECT_NE(rep.Summary().find("staged through pinned host memory"), std::string::npos) << rep.Summary();
+      written += rep.written_bytes;
+      for (const WriteChecksum& c : rep.checksums) {
+        const std::vector<uint8_t>& landed = fixture_->targets[c.dst_rank].memory;
+        ASSERT_LE(c.offset + c.bytes, landed.size());
+        EXPECT_EQ(Checksum64(landed.data() + c.offset, c.bytes), c.hash)
+            << "inference rank " << c.dst_rank << " region '" << c.region << "' offset " << c.offset;
+      }
+    }
+    EXPECT_GT(written, 0u);
+  }
+  for (int r = 0; r < kTrainers; ++r) EXPECT_EQ(ranks_[r]->device->host_allocations, 1) << "rank " << r;
+}
+
+TEST_P(ExecutorTest, HostStagingWithoutADeviceIsRefused) {
+  Setup setup = Options(64 << 20);
+  setup.executor.stage_through_host = true;
+  StatusOr<std::unique_ptr<PlanExecutor>> e = Create(0, fixture_->plans[0], setup);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("host staging"), std::string::npos) << e.status().ToString();
 }
 
 // The same among sources that share one device wait: each quantize has

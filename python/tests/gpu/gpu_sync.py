@@ -107,7 +107,9 @@ def trainer(args):
           f"(FSDP2, bf16{', CPUOffloadPolicy' if args.offload else ''})", flush=True)
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
                               timeout_s=args.timeout, checksums=args.checksums,
-                              device="cuda:0" if args.offload else None)
+                              device="cuda:0" if args.offload else None, staging=args.staging)
+    print(f"trainer: writes {'through pinned host memory (host staging)' if sync.describe()['host_staging'] else 'straight from GPU memory'}",
+          flush=True)
     gen = torch.Generator(device=shard_device).manual_seed(7)
     updates, replays = [], []
     for v in range(1, args.versions + 1):
@@ -167,6 +169,35 @@ def trainer(args):
         update, alone = min(updates[1:] or updates), min(replays)
         print(f"trainer: UPDATE_VS_ENGINE {alone / update:.3f} (best update {update:.4f} s, the engine alone on the "
               f"same writes {alone:.4f} s)", flush=True)
+    if sync.describe()["host_staging"]:
+        # The staged path's own limit here: every written byte device-to-host
+        # (the trainer's mirror) and host-to-device (the engines' copy in),
+        # by plain torch copies from and into pinned memory, in this run.
+        written = report["written_bytes"]
+        piece = min(written, 1 << 30)
+        host = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(piece, dtype=torch.uint8, device="cuda").fill_(1)
+
+        def timed(copy):
+            best = None
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                left = written
+                while left > 0:
+                    n = min(piece, left)
+                    copy(n)
+                    left -= n
+                torch.cuda.synchronize()
+                best = min(best or 1e9, time.perf_counter() - t0)
+            return best
+        d2h = timed(lambda n: host[:n].copy_(dev[:n], non_blocking=True))
+        h2d = timed(lambda n: dev[:n].copy_(host[:n], non_blocking=True))
+        del host, dev
+        update = min(updates[1:] or updates)
+        print(f"trainer: UPDATE_VS_COPIES {(d2h + h2d) / update:.3f} (best update {update:.4f} s; the same "
+              f"{written / 1e6:.0f} MB device-to-host {d2h:.4f} s ({written / d2h / 1e9:.1f} GB/s) plus host-to-device "
+              f"{h2d:.4f} s ({written / h2d / 1e9:.1f} GB/s) by torch alone)", flush=True)
     if args.offload:
         # The update's own limit here: the same bytes host-to-device from
         # pinned memory by a plain torch copy, in this process and run.
@@ -212,8 +243,9 @@ def engine(args):
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     with wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
                               layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
-                              shadow=args.shadow) as agent:
-        print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered", flush=True)
+                              shadow=args.shadow, staging=args.staging) as agent:
+        print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered; the writes "
+              f"land {'in pinned host memory (host staging)' if agent.staged else 'in GPU memory'}", flush=True)
         for v in range(1, args.versions + 1):
             agent.wait_version(v, args.timeout)
             got = {n: t.cpu() for n, t in tensors.items()}
@@ -268,6 +300,7 @@ def job(args):
     print(f"job: controller at {address}; {args.layers} layers of Llama-3-8B, {args.versions} versions", flush=True)
     common = ["--controller", address, "--work", args.work, "--layers", str(args.layers),
               "--versions", str(args.versions), "--timeout", str(args.timeout),
+              "--staging", args.staging,
               *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
@@ -318,6 +351,8 @@ def main():
     ap.add_argument("--checksums", action="store_true",
                     help="trainer checksums=True; engines verify_checksums=True and verify() after each version")
     ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
+    ap.add_argument("--staging", choices=["auto", "on", "off"], default="auto",
+                    help="TrainerAgent/InferenceAgent(staging=...): on sends through pinned host memory on both sides")
     ap.add_argument("--offload", action="store_true",
                     help="FSDP2 CPUOffloadPolicy: shards in pinned host memory, TrainerAgent(device='cuda:0')")
     args = ap.parse_args()
