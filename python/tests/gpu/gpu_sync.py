@@ -81,6 +81,29 @@ def describe_difference(got, want):
     return f"{diff.numel()} of {g.numel()} bytes differ, first at byte {first}, {poison} of them still poison"
 
 
+def pinned_copy_seconds(total, to_device):
+    """Best of 3: `total` bytes between pinned host memory and the GPU by
+    plain torch copies (in pieces of at most 1 GiB), one direction."""
+    import torch
+    piece = min(total, 1 << 30)
+    host = torch.ones(piece, dtype=torch.uint8, pin_memory=True)
+    dev = torch.ones(piece, dtype=torch.uint8, device="cuda")
+    dst, src = (dev, host) if to_device else (host, dev)
+    best = None
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        left = total
+        while left > 0:
+            n = min(piece, left)
+            dst[:n].copy_(src[:n], non_blocking=True)
+            left -= n
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        best = t if best is None else min(best, t)
+    return best
+
+
 def trainer(args):
     import torch
     import torch.distributed as dist
@@ -169,32 +192,14 @@ def trainer(args):
         update, alone = min(updates[1:] or updates), min(replays)
         print(f"trainer: UPDATE_VS_ENGINE {alone / update:.3f} (best update {update:.4f} s, the engine alone on the "
               f"same writes {alone:.4f} s)", flush=True)
+    update = min(updates[1:] or updates)
     if sync.describe()["host_staging"]:
         # The staged path's own limit here: every written byte device-to-host
         # (the trainer's mirror) and host-to-device (the engines' copy in),
         # by plain torch copies from and into pinned memory, in this run.
         written = report["written_bytes"]
-        piece = min(written, 1 << 30)
-        host = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
-        dev = torch.empty(piece, dtype=torch.uint8, device="cuda").fill_(1)
-
-        def timed(copy):
-            best = None
-            for _ in range(3):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                left = written
-                while left > 0:
-                    n = min(piece, left)
-                    copy(n)
-                    left -= n
-                torch.cuda.synchronize()
-                best = min(best or 1e9, time.perf_counter() - t0)
-            return best
-        d2h = timed(lambda n: host[:n].copy_(dev[:n], non_blocking=True))
-        h2d = timed(lambda n: dev[:n].copy_(host[:n], non_blocking=True))
-        del host, dev
-        update = min(updates[1:] or updates)
+        d2h = pinned_copy_seconds(written, to_device=False)
+        h2d = pinned_copy_seconds(written, to_device=True)
         print(f"trainer: UPDATE_VS_COPIES {(d2h + h2d) / update:.3f} (best update {update:.4f} s; the same "
               f"{written / 1e6:.0f} MB device-to-host {d2h:.4f} s ({written / d2h / 1e9:.1f} GB/s) plus host-to-device "
               f"{h2d:.4f} s ({written / h2d / 1e9:.1f} GB/s) by torch alone)", flush=True)
@@ -202,23 +207,7 @@ def trainer(args):
         # The update's own limit here: the same bytes host-to-device from
         # pinned memory by a plain torch copy, in this process and run.
         copied = report["copied_bytes"]
-        piece = min(copied, 1 << 30)
-        host = torch.empty(piece, dtype=torch.uint8, pin_memory=True).fill_(1)
-        dev = torch.empty(piece, dtype=torch.uint8, device="cuda")
-        best = None
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            left = copied
-            while left > 0:
-                n = min(piece, left)
-                dev[:n].copy_(host[:n], non_blocking=True)
-                left -= n
-            torch.cuda.synchronize()
-            t = time.perf_counter() - t0
-            best = t if best is None else min(best, t)
-        del host, dev
-        update = min(updates[1:] or updates)
+        best = pinned_copy_seconds(copied, to_device=True)
         print(f"trainer: UPDATE_VS_H2D {best / update:.3f} (best update {update:.4f} s; the same {copied / 1e6:.0f} MB "
               f"host-to-device from pinned memory by torch alone {best:.4f} s, {copied / best / 1e9:.1f} GB/s)",
               flush=True)
