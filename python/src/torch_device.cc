@@ -52,18 +52,9 @@ class TorchCudaDevice : public DeviceOps {
   int ordinal() const override { return ordinal_; }
 
   StatusOr<void*> Allocate(uint64_t bytes) override {
-    return Run("allocate", [&]() -> void* {
-      at::Tensor t = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
-      void* p = t.data_ptr();
-      std::lock_guard<std::mutex> lock(mu_);
-      owned_.emplace(p, std::move(t));
-      return p;
-    });
+    return Run("allocate", [&] { return Keep(&owned_, at::empty({static_cast<int64_t>(bytes)}, Options(at::kByte))); });
   }
-  void Free(void* p) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    owned_.erase(p);
-  }
+  void Free(void* p) override { Forget(&owned_, p); }
   // Whether `p` lies in memory Allocate handed out (the arena), as opposed
   // to the trainer's shards.
   bool Owns(const void* p) {
@@ -311,18 +302,11 @@ class TorchCudaDevice : public DeviceOps {
   // Host staging: pinned memory from torch's host allocator (counted by its
   // statistics), copied into on the stream.
   StatusOr<void*> AllocateHost(uint64_t bytes) override {
-    return Run("allocate pinned host memory", [&]() -> void* {
-      at::Tensor t = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-      void* p = t.data_ptr();
-      std::lock_guard<std::mutex> lock(mu_);
-      pinned_.emplace(p, std::move(t));
-      return p;
+    return Run("allocate pinned host memory", [&] {
+      return Keep(&pinned_, at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
     });
   }
-  void FreeHost(void* p) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    pinned_.erase(p);
-  }
+  void FreeHost(void* p) override { Forget(&pinned_, p); }
   Status CopyToHost(void* host, const void* src, uint64_t bytes) override {
     return Run("copy to host staging", [&] {
       at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(at::kCPU))
@@ -340,6 +324,17 @@ class TorchCudaDevice : public DeviceOps {
   }
 
  private:
+  // Keeps `t` alive until Forget(its data pointer).
+  void* Keep(std::unordered_map<void*, at::Tensor>* into, at::Tensor t) {
+    void* p = t.data_ptr();
+    std::lock_guard<std::mutex> lock(mu_);
+    into->emplace(p, std::move(t));
+    return p;
+  }
+  void Forget(std::unordered_map<void*, at::Tensor>* from, void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    from->erase(p);
+  }
   at::TensorOptions Options(at::ScalarType t) const { return at::TensorOptions().dtype(t).device(device_); }
   at::Tensor Bytes(void* p, uint64_t n) const { return at::from_blob(p, {static_cast<int64_t>(n)}, Options(at::kByte)); }
   at::Tensor View(void* p, const Box& b, DType t) const { return at::from_blob(p, Sizes(b), Options(Aten(t))); }
