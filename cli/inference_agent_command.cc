@@ -47,6 +47,9 @@ void AddInferenceAgentCommand(CLI::App& app) {
   cmd->add_flag("--verify-checksums", flags->verify_checksums,
                 "before a version is complete here, hash what landed and compare with the trainers' checksums "
                 "(trainers run with --checksums); a mismatch fails the version, naming the tensor");
+  cmd->add_option("--cuda-ipc", flags->cuda_ipc,
+                  "wsync.cuda_ipc/v1 file from the engine (wsync.export_cuda_ipc): its CUDA tensors are written in "
+                  "place (needs a libfabric with FI_HMEM); the shared-memory store keeps the layout and version words");
   cmd->add_flag("--shadow", flags->shadow,
                 "shadow mode: writes land in a private copy of the weights (as much memory again), copied into "
                 "the store only once a version is complete on every rank, so a failed version leaves the last "

@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "controller/client.h"
 #include "inference_agent/agent.h"
 #include "inference_agent/agent_runner.h"
+#include "inference_agent/cuda_ipc.h"
 #include "models/generate.h"
 #include "common/process_control.h"
 #include "routing/spec_io.h"
@@ -61,6 +63,13 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
       flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
   if (!client.ok()) return fail(client.status());
 
+  std::optional<CudaIpcExport> ipc;
+  if (!flags.cuda_ipc.empty()) {
+    if (flags.shadow) return fail(InvalidArgument("--shadow with --cuda-ipc: not supported (the shadow is host memory)"));
+    StatusOr<CudaIpcExport> read = ReadCudaIpcExport(flags.cuda_ipc, *rank);
+    if (!read.ok()) return fail(read.status());
+    ipc = std::move(read).value();
+  }
   const std::string shm_name = flags.shm_name.empty() ? WeightStoreName(flags.job, flags.rank) : flags.shm_name;
   StatusOr<WeightStore> store =
       flags.attach ? WeightStore::Attach(shm_name, *rank) : WeightStore::Create(shm_name, *rank);
@@ -70,17 +79,33 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
           (store->complete_version() == kNoVersion ? std::string("none") : std::to_string(store->complete_version())) +
           ")");
 
+  std::unique_ptr<WeightMemory> memory;
   transport::fabric::LibfabricOptions options;
   options.provider = flags.provider;
   options.num_nics = flags.nics;
   options.node = flags.node;
+  if (ipc.has_value()) {
+    // Opened before the engine starts: the engine's worker takes on the
+    // CUDA context current where it was created.
+    StatusOr<std::unique_ptr<WeightMemory>> opened = OpenCudaIpcWeights(*ipc, std::move(store).value());
+    if (!opened.ok()) return fail(opened.status());
+    memory = std::move(opened).value();
+    options.enable_hmem = true;
+    options.gpu = ipc->regions.empty() ? 0 : ipc->regions.front().device;
+    LogLine("opened " + memory->name() + " from " + flags.cuda_ipc);
+  } else {
+    memory = MakeShmWeightMemory(std::move(store).value());
+  }
   StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(options);
   if (!engine.ok()) return fail(engine.status());
+  if (ipc.has_value() && !(*engine)->capabilities().cuda_memory) {
+    return fail(FailedPrecondition("--cuda-ipc: the weights are GPU memory, but " + (*engine)->Describe() +
+                                   "; use a libfabric built with CUDA (FI_HMEM)"));
+  }
 
   InferenceAgentOptions agent_options;
   agent_options.log = LogLine;
   agent_options.hold = flags.verify_checksums;
-  std::unique_ptr<WeightMemory> memory = MakeShmWeightMemory(std::move(store).value());
   if (flags.shadow) {
     StatusOr<std::unique_ptr<ShadowMemory>> shadow = MakeHostShadow(*memory);
     if (!shadow.ok()) return fail(shadow.status());

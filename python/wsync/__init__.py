@@ -11,7 +11,8 @@ libfabric), following a routing table a controller computed once.
 See docs/PYTHON.md.
 """
 
-from ._inference import ChecksumError, InferenceAgent, VersionError
+from ._inference import ChecksumError, InferenceAgent, StoreVersions, VersionError, export_cuda_ipc
 from ._trainer import Push, PushError, ShardExporter, TrainerAgent, export_shards
 
-__all__ = ["TrainerAgent", "Push", "PushError", "InferenceAgent", "VersionError", "ChecksumError", "export_shards", "ShardExporter"]
+__all__ = ["TrainerAgent", "Push", "PushError", "InferenceAgent", "VersionError", "ChecksumError", "export_shards", "ShardExporter",
+           "export_cuda_ipc", "StoreVersions"]

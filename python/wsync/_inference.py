@@ -2,7 +2,9 @@
 tensors in place and stays passive. See docs/PYTHON.md."""
 
 import json
+import os
 import socket
+import time
 
 import torch
 
@@ -49,45 +51,7 @@ class InferenceAgent(SessionOwner):
                  tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto"):
         self.rank = rank
         self.job = job
-        layout = layout or {}
-        unknown = sorted(set(layout) - set(tensors))
-        if unknown:
-            raise KeyError(f"wsync.InferenceAgent rank {rank}: layout names tensors it was not given: {unknown[:5]}")
-        entries, regions, self._tensors = [], [], {}
-        seen = {}
-        scales = set()
-        for name, t in tensors.items():
-            if name.endswith(scale_suffix) and name[: -len(scale_suffix)] in tensors \
-                    and tensors[name[: -len(scale_suffix)]].dtype == torch.float8_e4m3fn:
-                scales.add(name)
-        for name, t in tensors.items():
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"wsync.InferenceAgent rank {rank}: '{name}' is not a tensor")
-            if not t.is_contiguous():
-                raise ValueError(f"wsync.InferenceAgent rank {rank}: tensor '{name}' is not contiguous; "
-                                 f"trainers write it as one row-major block")
-            where = (t.data_ptr(), t.numel() * t.element_size())
-            if where in seen:
-                continue  # tied to seen[where]: the same bytes, written once
-            seen[where] = name
-            self._tensors[name] = t
-            regions.append((name, t.data_ptr(), where[1], t.device.type == "cuda", t.device.index or 0))
-            if name in scales:
-                continue
-            entry = {"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype, f"tensor '{name}'"),
-                     "region": name, "offset": 0}
-            entry.update(layout.get(name, {}))
-            if t.dtype == torch.float8_e4m3fn:
-                sname = name + scale_suffix
-                if sname not in tensors:
-                    raise KeyError(f"wsync.InferenceAgent rank {rank}: fp8 tensor '{name}' has no '{sname}'")
-                s = tensors[sname]
-                entry["scale"] = {"name": sname, "shape": list(s.shape), "dtype": dtype_name(s.dtype, sname),
-                                  "region": sname, "offset": 0}
-            entries.append(entry)
-        rank_entry = {"rank": rank, "instance": instance, "host": host or socket.gethostname(), "gpu": 0, "nic": 0,
-                      "regions": [{"id": r[0], "size": r[2], "descriptor": ""} for r in regions],
-                      "tensors": entries}
+        rank_entry, regions, self._tensors = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
                   "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),
@@ -128,3 +92,119 @@ class InferenceAgent(SessionOwner):
                 raise TimeoutError(text) from None
             raise VersionError(text) from None
 
+
+def _rank_entry(tensors, rank, instance, layout, scale_suffix, host):
+    """This rank's wsync.inference/v1 entry for `tensors` (one region per
+    tensor, named after it; tied tensors once), the regions as
+    (id, data_ptr, bytes, is_cuda, device), and the tensors by region."""
+    layout = layout or {}
+    unknown = sorted(set(layout) - set(tensors))
+    if unknown:
+        raise KeyError(f"wsync.InferenceAgent rank {rank}: layout names tensors it was not given: {unknown[:5]}")
+    entries, regions, by_region = [], [], {}
+    seen = {}
+    scales = set()
+    for name, t in tensors.items():
+        if name.endswith(scale_suffix) and name[: -len(scale_suffix)] in tensors \
+                and tensors[name[: -len(scale_suffix)]].dtype == torch.float8_e4m3fn:
+            scales.add(name)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"wsync.InferenceAgent rank {rank}: '{name}' is not a tensor")
+        if not t.is_contiguous():
+            raise ValueError(f"wsync.InferenceAgent rank {rank}: tensor '{name}' is not contiguous; "
+                             f"trainers write it as one row-major block")
+        where = (t.data_ptr(), t.numel() * t.element_size())
+        if where in seen:
+            continue  # tied to seen[where]: the same bytes, written once
+        seen[where] = name
+        by_region[name] = t
+        regions.append((name, t.data_ptr(), where[1], t.device.type == "cuda", t.device.index or 0))
+        if name in scales:
+            continue
+        entry = {"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype, f"tensor '{name}'"),
+                 "region": name, "offset": 0}
+        entry.update(layout.get(name, {}))
+        if t.dtype == torch.float8_e4m3fn:
+            sname = name + scale_suffix
+            if sname not in tensors:
+                raise KeyError(f"wsync.InferenceAgent rank {rank}: fp8 tensor '{name}' has no '{sname}'")
+            s = tensors[sname]
+            entry["scale"] = {"name": sname, "shape": list(s.shape), "dtype": dtype_name(s.dtype, sname),
+                              "region": sname, "offset": 0}
+        entries.append(entry)
+    rank_entry = {"rank": rank, "instance": instance, "host": host or socket.gethostname(), "gpu": 0, "nic": 0,
+                  "regions": [{"id": r[0], "size": r[2], "descriptor": ""} for r in regions],
+                  "tensors": entries}
+    return rank_entry, regions, by_region
+
+
+def export_cuda_ipc(tensors, path, layout_path, rank, instance=0, layout=None, scale_suffix="_scale_inv",
+                    host=None):
+    """For the sidecar (`wsync inference-agent --layout LAYOUT_PATH --rank R
+    --cuda-ipc PATH`): writes this engine's CUDA `tensors` as CUDA IPC
+    handles (PATH, schema wsync.cuda_ipc/v1) and its layout (LAYOUT_PATH,
+    wsync.inference/v1, the entry InferenceAgent would register). The agent
+    opens the handles in its own process and trainers write the tensors in
+    place. Keep the tensors alive, and do not move them, while it runs;
+    StoreVersions reads which version they hold."""
+    entry, regions, by_region = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)
+    out = []
+    for name, t in by_region.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"wsync.export_cuda_ipc rank {rank}: tensor '{name}' is on {t.device}, not a CUDA device")
+        device, handle, _, storage_offset, *_ = t.untyped_storage()._share_cuda_()
+        out.append({"id": name, "device": int(device), "handle": bytes(handle).hex(),
+                    "offset": int(storage_offset) + t.storage_offset() * t.element_size(),
+                    "bytes": t.numel() * t.element_size()})
+    _write_atomic(layout_path, {"schema": "wsync.inference/v1", "ranks": [entry]})
+    _write_atomic(path, {"schema": "wsync.cuda_ipc/v1", "pid": os.getpid(), "regions": out})
+
+
+def _write_atomic(path, doc):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+class StoreVersions:
+    """The version words of a sidecar's weight store (`wsync inference-agent`,
+    shared memory /wsync-JOB-infer-RANK unless --shm-name): which version
+    the weights hold. Layout: inference_agent/weight_store_format.h."""
+
+    _MAGIC = 0x31574E4943595357
+    _NONE = (1 << 64) - 1
+
+    def __init__(self, shm_name):
+        import mmap
+        with open("/dev/shm/" + shm_name.lstrip("/"), "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
+        if self._word(0) != self._MAGIC:
+            raise ValueError(f"wsync.StoreVersions: '{shm_name}' is not a complete wsync weight store")
+
+    def _word(self, at):
+        return int.from_bytes(self._map[at:at + 8], "little")
+
+    @property
+    def complete_version(self):
+        """The latest version whose every write landed (0: none yet)."""
+        v = self._word(128)
+        return 0 if v == self._NONE else v
+
+    @property
+    def failed_version(self):
+        v = self._word(144)
+        return 0 if v == self._NONE else v
+
+    def wait_version(self, version, timeout=None):
+        """Returns once `version` is complete; VersionError if it failed
+        first, TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.complete_version < version:
+            if self.failed_version >= version:
+                raise VersionError(f"version {version} failed (the weights may be a mix of versions)")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"version {version} not complete after {timeout} s "
+                                   f"(complete: {self.complete_version})")
+            time.sleep(0.0005)

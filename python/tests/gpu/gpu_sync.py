@@ -230,11 +230,17 @@ def engine(args):
     del zeros
     layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[args.rank]}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    with wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
-                              layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
-                              shadow=args.shadow, staging=args.staging) as agent:
+    if args.sidecar:
+        agent = sidecar_engine(args, tensors, layout)
+        print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, exported by CUDA IPC "
+              f"to `wsync inference-agent --cuda-ipc` (pid {agent.process.pid}), registered", flush=True)
+    else:
+        agent = wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
+                                     layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
+                                     shadow=args.shadow, staging=args.staging)
         print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered; the writes "
               f"land {'in pinned host memory (host staging)' if agent.staged else 'in GPU memory'}", flush=True)
+    with agent:
         for v in range(1, args.versions + 1):
             agent.wait_version(v, args.timeout)
             got = {n: t.cpu() for n, t in tensors.items()}
@@ -259,6 +265,45 @@ def engine(args):
                 f.write(line + "\n")
             if bad:
                 sys.exit(1)
+
+
+class SidecarEngine:
+    """The engine's side of the sidecar route on a GPU: its tensors exported
+    by CUDA IPC to a `wsync inference-agent --cuda-ipc` process, the version
+    read from that agent's weight store."""
+
+    def __init__(self, process, versions):
+        self.process, self.versions = process, versions
+
+    def wait_version(self, v, timeout):
+        self.versions.wait_version(v, timeout)
+
+    def verify(self, v):
+        pass  # checksums are the in-process agent's (--checksums is not used with --sidecar)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def sidecar_engine(args, tensors, layout):
+    import wsync
+    ipc = os.path.join(args.work, f"engine-{args.rank}.ipc.json")
+    spec = os.path.join(args.work, f"engine-{args.rank}.layout.json")
+    wsync.export_cuda_ipc(tensors, ipc, spec, rank=args.rank, layout=layout)
+    log = open(os.path.join(args.work, f"agent{args.rank}.log"), "w")
+    p = subprocess.Popen([args.wsync, "inference-agent", "--controller", args.controller, "--rank", str(args.rank),
+                          "--layout", spec, "--cuda-ipc", ipc, "--job", "gpu",
+                          "--version-timeout", str(int(args.timeout))], stdout=subprocess.PIPE, stderr=log)
+    line = p.stdout.readline().decode().strip()
+    if line != "ready":
+        p.wait(timeout=30)
+        with open(os.path.join(args.work, f"agent{args.rank}.log")) as f:
+            sys.exit(f"engine {args.rank}: `wsync inference-agent --cuda-ipc` did not start:\n{f.read()[-3000:]}")
+    return SidecarEngine(p, wsync.StoreVersions(f"/wsync-gpu-infer-{args.rank}"))
 
 
 def job(args):
@@ -289,7 +334,7 @@ def job(args):
     print(f"job: controller at {address}; {args.layers} layers of Llama-3-8B, {args.versions} versions", flush=True)
     common = ["--controller", address, "--work", args.work, "--layers", str(args.layers),
               "--versions", str(args.versions), "--timeout", str(args.timeout),
-              "--staging", args.staging,
+              "--staging", args.staging, *(["--sidecar"] if args.sidecar else []),
               *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
@@ -342,6 +387,8 @@ def main():
     ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
     ap.add_argument("--staging", choices=["auto", "on", "off"], default="auto",
                     help="TrainerAgent/InferenceAgent(staging=...): on sends through pinned host memory on both sides")
+    ap.add_argument("--sidecar", action="store_true",
+                    help="engines export their tensors by CUDA IPC to `wsync inference-agent --cuda-ipc` processes")
     ap.add_argument("--offload", action="store_true",
                     help="FSDP2 CPUOffloadPolicy: shards in pinned host memory, TrainerAgent(device='cuda:0')")
     args = ap.parse_args()

@@ -1,0 +1,77 @@
+#include "inference_agent/cuda_ipc.h"
+
+#include <map>
+#include <set>
+
+#include "routing/json_reader.h"
+
+namespace wsync::inference {
+namespace {
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+StatusOr<CudaIpcExport> ReadCudaIpcExport(const std::string& path, const InferenceRank& rank) {
+  WSYNC_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(path));
+  if (!doc.is_object() || doc.value("schema", std::string()) != kCudaIpcSchema) {
+    return InvalidArgument(path + ": not a " + std::string(kCudaIpcSchema) + " document (its 'schema')");
+  }
+  const auto regions = doc.find("regions");
+  if (regions == doc.end() || !regions->is_array()) return InvalidArgument(path + ": no 'regions' array");
+  std::map<std::string, CudaIpcRegion> by_id;
+  for (size_t i = 0; i < regions->size(); ++i) {
+    const nlohmann::json& r = (*regions)[i];
+    const std::string where = path + ": regions[" + std::to_string(i) + "]";
+    if (!r.is_object() || !r.contains("id") || !r["id"].is_string()) return InvalidArgument(where + ": no string 'id'");
+    CudaIpcRegion out;
+    out.id = r["id"].get<std::string>();
+    const std::string named = path + ": region '" + out.id + "'";
+    for (const char* key : {"device", "offset", "bytes"}) {
+      if (!r.contains(key) || !r[key].is_number_integer() || r[key].get<int64_t>() < 0) {
+        return InvalidArgument(named + ": '" + key + "' must be a non-negative integer");
+      }
+    }
+    out.device = r["device"].get<int>();
+    out.offset = r["offset"].get<uint64_t>();
+    out.bytes = r["bytes"].get<uint64_t>();
+    const std::string hex = r.value("handle", std::string());
+    if (hex.size() != 2 * kCudaIpcHandleBytes) {
+      return InvalidArgument(named + ": 'handle' must be " + std::to_string(2 * kCudaIpcHandleBytes) +
+                             " hex digits (a cudaIpcMemHandle_t), got " + std::to_string(hex.size()) + " characters");
+    }
+    for (size_t b = 0; b < kCudaIpcHandleBytes; ++b) {
+      const int hi = HexDigit(hex[2 * b]), lo = HexDigit(hex[2 * b + 1]);
+      if (hi < 0 || lo < 0) return InvalidArgument(named + ": 'handle' is not hex");
+      out.handle[b] = static_cast<uint8_t>(hi * 16 + lo);
+    }
+    if (!by_id.emplace(out.id, out).second) return InvalidArgument(named + ": given twice");
+  }
+  CudaIpcExport ipc;
+  ipc.pid = doc.value("pid", int64_t{0});
+  for (const MemoryRegion& want : rank.regions) {
+    auto it = by_id.find(want.id);
+    if (it == by_id.end()) {
+      return NotFound(path + ": inference rank " + std::to_string(rank.rank) + "'s region '" + want.id +
+                      "' is not exported");
+    }
+    if (it->second.bytes != want.size) {
+      return InvalidArgument(path + ": region '" + want.id + "' is " + std::to_string(it->second.bytes) +
+                             " bytes, the layout says " + std::to_string(want.size));
+    }
+    ipc.regions.push_back(it->second);
+    by_id.erase(it);
+  }
+  if (!by_id.empty()) {
+    return InvalidArgument(path + ": region '" + by_id.begin()->first + "' is not in inference rank " +
+                           std::to_string(rank.rank) + "'s layout");
+  }
+  return ipc;
+}
+
+}  // namespace wsync::inference
