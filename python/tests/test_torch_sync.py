@@ -404,3 +404,14 @@ def test_killed_inference_process_fails_the_version_and_nothing_is_marked_comple
         assert "inference rank 1" in line, "\n".join(errors)
     assert not os.path.exists(os.path.join(j.out, "engine-0-v1.done")) or \
         j.version(1)["state"] != "complete"
+
+
+def test_unknown_staging_mode_is_one_clear_error():
+    """staging= takes 'auto', 'on' or 'off'; anything else is refused before
+    any process group, engine or controller connection is made."""
+    import wsync
+    tensors = {"w": torch.zeros(4, 4, dtype=torch.bfloat16)}
+    with pytest.raises(ValueError, match=r"InferenceAgent rank 0: staging='sometimes': expected one of 'auto', 'on', 'off'"):
+        wsync.InferenceAgent(tensors, controller="127.0.0.1:1", job="j", rank=0, staging="sometimes")
+    with pytest.raises(ValueError, match=r"TrainerAgent: staging='always'"):
+        wsync.TrainerAgent(torch.nn.Linear(4, 4), controller="127.0.0.1:1", job="j", staging="always")

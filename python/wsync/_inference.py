@@ -11,6 +11,7 @@ import torch
 from . import _C
 from ._meta import dtype_name
 from ._session import SessionOwner
+from ._trainer import _STAGING
 
 
 class VersionError(RuntimeError):
@@ -49,6 +50,9 @@ class InferenceAgent(SessionOwner):
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
                  tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto"):
+        if staging not in _STAGING:
+            raise ValueError(f"wsync.InferenceAgent rank {rank}: staging={staging!r}: expected one of "
+                             f"{', '.join(map(repr, _STAGING))}")
         self.rank = rank
         self.job = job
         rank_entry, regions, self._tensors = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)

@@ -49,6 +49,9 @@ def _seconds(timeout):
     return 1e9 if timeout is None else float(timeout)
 
 
+# Where GPU writes go through pinned host memory (TrainerAgent/InferenceAgent staging=).
+_STAGING = ("auto", "on", "off")
+
 class TrainerAgent(SessionOwner):
     """Pushes a model's weights after each optimizer step.
 
@@ -87,6 +90,8 @@ class TrainerAgent(SessionOwner):
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
                  nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
                  tls_ca_file=None, checksums=False, device=None, staging="auto"):
+        if staging not in _STAGING:
+            raise ValueError(f"wsync.TrainerAgent: staging={staging!r}: expected one of {', '.join(map(repr, _STAGING))}")
         if not dist.is_initialized():
             raise RuntimeError("wsync.TrainerAgent: torch.distributed is not initialized (init_process_group first)")
         self.rank = dist.get_rank()
