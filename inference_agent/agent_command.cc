@@ -91,7 +91,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
     if (!opened.ok()) return fail(opened.status());
     memory = std::move(opened).value();
     options.enable_hmem = true;
-    options.gpu = ipc->regions.empty() ? 0 : ipc->regions.front().device;
+    options.gpu = memory->regions().empty() ? 0 : memory->regions().front().device;  // this process's ordinal
     LogLine("opened " + memory->name() + " from " + flags.cuda_ipc);
   } else {
     memory = MakeShmWeightMemory(std::move(store).value());

@@ -38,6 +38,10 @@ StatusOr<CudaIpcExport> ReadCudaIpcExport(const std::string& path, const Inferen
       }
     }
     out.device = r["device"].get<int>();
+    if (r.contains("pci_bus_id")) {
+      if (!r["pci_bus_id"].is_string()) return InvalidArgument(named + ": 'pci_bus_id' must be a string");
+      out.pci_bus_id = r["pci_bus_id"].get<std::string>();
+    }
     out.offset = r["offset"].get<uint64_t>();
     out.bytes = r["bytes"].get<uint64_t>();
     const std::string hex = r.value("handle", std::string());

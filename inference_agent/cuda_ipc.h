@@ -7,6 +7,7 @@
 //
 //   {"schema": "wsync.cuda_ipc/v1", "pid": 4242,
 //    "regions": [{"id": "model.layers.0.mlp.down_proj.weight", "device": 0,
+//                 "pci_bus_id": "0000:18:00.0",
 //                 "handle": "<128 hex digits: cudaIpcMemHandle_t>",
 //                 "offset": 1048576, "bytes": 58720256}, ...]}
 //
@@ -14,6 +15,10 @@
 // hands out pieces of larger ones); `offset` is the tensor's first byte
 // inside it. Every region of the rank's layout must be there, with its
 // size; the same handle is opened once however many regions share it.
+// `device` is the engine process's ordinal; where `pci_bus_id` is given the
+// sidecar finds the device by it instead (its CUDA_VISIBLE_DEVICES may
+// differ). The engine must keep the tensors where they are while the agent
+// runs (torch's _share_cuda_ also keeps their allocation from being freed).
 #pragma once
 
 #include <array>
@@ -34,7 +39,8 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 
 struct CudaIpcRegion {
   std::string id;
-  int device = 0;
+  int device = 0;           // as the exporting process numbers it
+  std::string pci_bus_id;   // "" where the exporter did not say
   std::array<uint8_t, kCudaIpcHandleBytes> handle{};
   uint64_t offset = 0;  // inside the allocation the handle names
   uint64_t bytes = 0;

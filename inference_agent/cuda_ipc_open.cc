@@ -25,19 +25,26 @@ class CudaIpcWeights : public WeightMemory {
     for (const CudaIpcRegion& r : ipc.regions) {
       const std::string where = "CUDA IPC region '" + r.id + "' of process " + std::to_string(pid_) + " on cuda:" +
                                 std::to_string(r.device);
-      const auto key = std::make_pair(r.device, std::string(r.handle.begin(), r.handle.end()));
+      int device = r.device;
+      if (!r.pci_bus_id.empty()) {
+        const cudaError_t e = cudaDeviceGetByPCIBusId(&device, r.pci_bus_id.c_str());
+        if (e != cudaSuccess) {
+          return Unavailable(where + ": its GPU " + r.pci_bus_id + " is not visible here: " + CudaError(e));
+        }
+      }
+      const auto key = std::make_pair(device, std::string(r.handle.begin(), r.handle.end()));
       auto it = bases.find(key);
       if (it == bases.end()) {
-        cudaError_t e = cudaSetDevice(r.device);
+        cudaError_t e = cudaSetDevice(device);
         cudaIpcMemHandle_t handle;
         std::memcpy(&handle, r.handle.data(), sizeof handle);
         void* base = nullptr;
         if (e == cudaSuccess) e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
         if (e != cudaSuccess) return Unavailable(where + ": cudaIpcOpenMemHandle: " + CudaError(e));
-        opened_.emplace_back(r.device, base);
+        opened_.emplace_back(device, base);
         it = bases.emplace(key, static_cast<uint8_t*>(base)).first;
       }
-      regions_.push_back(Region{r.id, it->second + r.offset, r.bytes, transport::MemoryKind::kCuda, r.device});
+      regions_.push_back(Region{r.id, it->second + r.offset, r.bytes, transport::MemoryKind::kCuda, device});
     }
     return Status::Ok();
   }

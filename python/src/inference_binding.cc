@@ -77,17 +77,33 @@ class TorchShadow : public inference::ShadowMemory {
                                                        bool staging) {
     auto shadow = std::unique_ptr<TorchShadow>(new TorchShadow);
     Status s = Torch("allocating the shadow", [&] {
+      // The pinned (staging) shadows are one allocation: torch's pinned
+      // allocator rounds each up to a power of two.
+      uint64_t pinned = 0;
       for (const inference::WeightMemory::Region& r : live) {
-        const bool host = r.kind == transport::MemoryKind::kHost || staging;
-        auto options = at::TensorOptions().dtype(at::kByte);
-        options = host ? options.pinned_memory(r.kind != transport::MemoryKind::kHost)
-                       : options.device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device));
-        at::Tensor t = at::empty({static_cast<int64_t>(std::max<uint64_t>(r.size, 1))}, options);
+        if (staging && r.kind != transport::MemoryKind::kHost) pinned += (std::max<uint64_t>(r.size, 1) + 4095) / 4096 * 4096;
+      }
+      uint8_t* next_pinned = nullptr;
+      if (pinned > 0) {
+        shadow->tensors_.push_back(at::empty({static_cast<int64_t>(pinned)},
+                                             at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
+        next_pinned = static_cast<uint8_t*>(shadow->tensors_.back().data_ptr());
+      }
+      for (const inference::WeightMemory::Region& r : live) {
         inference::WeightMemory::Region copy = r;
-        copy.data = static_cast<uint8_t*>(t.data_ptr());
-        if (host) copy.kind = transport::MemoryKind::kHost;
+        if (staging && r.kind != transport::MemoryKind::kHost) {
+          copy.data = next_pinned;
+          copy.kind = transport::MemoryKind::kHost;
+          next_pinned += (std::max<uint64_t>(r.size, 1) + 4095) / 4096 * 4096;
+        } else {
+          auto options = at::TensorOptions().dtype(at::kByte);
+          if (r.kind != transport::MemoryKind::kHost) {
+            options = options.device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(r.device));
+          }
+          shadow->tensors_.push_back(at::empty({static_cast<int64_t>(std::max<uint64_t>(r.size, 1))}, options));
+          copy.data = static_cast<uint8_t*>(shadow->tensors_.back().data_ptr());
+        }
         shadow->regions_.push_back(copy);
-        shadow->tensors_.push_back(std::move(t));
       }
     });
     if (!s.ok()) return s;
@@ -176,24 +192,29 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   }
   const bool gpu = std::any_of(regions.begin(), regions.end(),
                                [](const auto& r) { return r.kind == transport::MemoryKind::kCuda; });
-  fabric.enable_hmem = gpu && staging != "on";
-  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
-  if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
-  const auto log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
-  if (gpu && !(*engine)->capabilities().cuda_memory) {
-    if (staging == "off") {
-      return FailedPrecondition(me + ": the tensors are in GPU memory, but " + (*engine)->Describe() +
-                                "; use a libfabric built with CUDA (e.g. the AWS EFA installer's), host tensors, "
-                                "or staging='auto'");
+  std::unique_ptr<transport::Engine> engine;
+  std::string why_staged = "asked for";
+  if (gpu && staging != "on") {
+    StatusOr<transport::fabric::GpuEngine> made = transport::fabric::CreateLibfabricEngineForGpu(fabric);
+    if (!made.ok()) return made.status().WithContext(me + ": starting the transport");
+    if (!made->cuda_memory && staging == "off") {
+      return FailedPrecondition(me + ": the tensors are in GPU memory, but the transport cannot receive into it (" +
+                                made->why_not + "); use a libfabric built with CUDA (e.g. the AWS EFA installer's), " +
+                                "host tensors, or staging='auto'");
     }
-    s->staged_ = true;
+    s->staged_ = !made->cuda_memory;
+    why_staged = "the transport cannot receive into GPU memory: " + made->why_not;
+    engine = std::move(made->engine);
+  } else {
+    StatusOr<std::unique_ptr<transport::Engine>> made = transport::fabric::CreateLibfabricEngine(fabric);
+    if (!made.ok()) return made.status().WithContext(me + ": starting the transport");
+    engine = std::move(made).value();
+    s->staged_ = gpu;  // staging == "on"
   }
-  s->staged_ = s->staged_ || (gpu && staging == "on");
+  const auto log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
   if (s->staged_) {
     log(me + ": writes land in pinned host memory and are copied into the GPU tensors once a version landed on "
-        "every rank (host staging: " +
-        (staging == "on" ? std::string("asked for") : "the transport cannot receive into GPU memory: " +
-                                                          (*engine)->Describe()) +
+        "every rank (host staging: " + why_staged +
         "); the slower path: as much pinned host memory as the tensors, and one more copy of every byte");
   }
 
@@ -207,7 +228,7 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   }
   auto weights = std::make_unique<InProcessWeights>(std::move(regions));
   s->weights_ = weights.get();
-  WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine).value(), std::move(weights),
+  WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine), std::move(weights),
                                                                       std::move(layout), agent_options));
 
   inference::AgentRunnerOptions run;

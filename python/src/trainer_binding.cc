@@ -102,30 +102,38 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   if (staging != "auto" && staging != "on" && staging != "off") {
     return InvalidArgument(me + ": staging='" + staging + "': expected 'auto', 'on' or 'off'");
   }
+  bool stage = false;
   if (s->config_.cuda_device >= 0) {
     WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device, s->config_.host_shards));
-    fabric.enable_hmem = staging != "on";
     fabric.gpu = s->config_.cuda_device;
   }
-  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
-  if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
-  s->engine_ = std::move(engine).value();
-  s->fabric_options_ = fabric;
-  bool stage = false;
-  if (s->device_ != nullptr) {
-    const bool direct = s->engine_->capabilities().cuda_memory;
-    if (!direct && staging == "off") {
-      return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but " +
-                                s->engine_->Describe() + "; use a libfabric built with CUDA (FI_HMEM), or staging='auto'");
+  if (s->device_ != nullptr && staging != "on") {
+    StatusOr<transport::fabric::GpuEngine> gpu = transport::fabric::CreateLibfabricEngineForGpu(fabric);
+    if (!gpu.ok()) return gpu.status().WithContext(me + ": starting the transport");
+    if (!gpu->cuda_memory && staging == "off") {
+      return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but the transport cannot " +
+                                "send GPU memory (" + gpu->why_not + "); use a libfabric built with CUDA (FI_HMEM), " +
+                                "or staging='auto'");
     }
-    stage = staging == "on" || !direct;
+    stage = !gpu->cuda_memory;
+    fabric.enable_hmem = gpu->cuda_memory;
+    s->engine_ = std::move(gpu->engine);
     if (stage) {
-      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: " +
-                        (staging == "on" ? std::string("asked for") : "the transport cannot send GPU memory: " +
-                                                                          s->engine_->Describe()) +
+      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: the " +
+                        "transport cannot send GPU memory: " + gpu->why_not +
                         "); the slower path: one more copy of every written byte");
     }
+  } else {
+    StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
+    if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
+    s->engine_ = std::move(engine).value();
+    stage = s->device_ != nullptr;  // staging == "on"
+    if (stage) {
+      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging, asked " +
+                        "for); the slower path: one more copy of every written byte");
+    }
   }
+  s->fabric_options_ = fabric;  // what a restarted engine is made with
 
   StatusOr<nlohmann::json> reg = s->client_.RegisterTrainerJson(s->config_.registration);
   if (!reg.ok()) return reg.status().WithContext(me + ": registering with controller " + s->client_.address());

@@ -37,6 +37,11 @@ class CudaIpcExportTest : public ::testing::Test {
     return {{"schema", "wsync.cuda_ipc/v1"}, {"pid", 77},
             {"regions", {Region("model.b.weight", 8192, 4096), Region("model.a.weight", 4096, 0)}}};
   }
+  nlohmann::json WithBusId() {
+    nlohmann::json doc = Valid();
+    doc["regions"][0]["pci_bus_id"] = "0000:18:00.0";
+    return doc;
+  }
   std::string Error(const nlohmann::json& doc) {
     StatusOr<CudaIpcExport> r = ReadCudaIpcExport(Write(doc), TwoRegionRank());
     return r.ok() ? "OK" : r.status().message();
@@ -55,6 +60,10 @@ TEST_F(CudaIpcExportTest, RegionsComeInTheLayoutsOrderWithTheirHandleBytes) {
   EXPECT_EQ(r->regions[1].offset, 4096u);
   EXPECT_EQ(r->regions[1].handle[0], 0xAA);
   EXPECT_EQ(r->regions[1].handle[63], 0xAA);
+  EXPECT_EQ(r->regions[1].pci_bus_id, "");
+  StatusOr<CudaIpcExport> bus = ReadCudaIpcExport(Write(WithBusId()), TwoRegionRank());
+  ASSERT_TRUE(bus.ok()) << bus.status().ToString();
+  EXPECT_EQ(bus->regions[1].pci_bus_id, "0000:18:00.0");  // model.b.weight, first in the file
 }
 
 TEST_F(CudaIpcExportTest, EveryMismatchIsOneLineNamingTheRegion) {

@@ -43,6 +43,24 @@ TEST(CapabilitiesTest, CudaMemoryIsRefusedClearlyWhenTheEngineSaysItCannot) {
   EXPECT_NE(region.status().message().find("without CUDA support"), std::string::npos) << region.status().ToString();
 }
 
+// GPU memory with host staging as the fallback: a provider without FI_HMEM
+// (tcp here, checked against fi_getinfo by the first engine's failure)
+// still gives a working engine, for host memory, and says why not CUDA.
+TEST(CapabilitiesTest, AProviderWithoutHmemGivesAHostEngineAndSaysWhy) {
+  fabric::LibfabricOptions o;
+  o.provider = "tcp;ofi_rxm";
+  o.node = "127.0.0.1";
+  auto gpu = fabric::CreateLibfabricEngineForGpu(o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  ASSERT_NE(gpu->engine, nullptr);
+  if (gpu->cuda_memory) GTEST_SKIP() << "this libfabric's tcp can register CUDA memory: " << gpu->engine->Describe();
+  EXPECT_FALSE(gpu->engine->capabilities().cuda_memory);
+  EXPECT_FALSE(gpu->why_not.empty());
+  std::vector<char> buffer(1 << 16);
+  auto region = gpu->engine->Register(buffer.data(), buffer.size());
+  EXPECT_TRUE(region.ok()) << region.status().ToString();
+}
+
 // A user of shm on libfabric 1.x hears of its dead-writer stall at start,
 // in the line every agent logs; a 2.x shm carries no such caveat.
 TEST(CapabilitiesTest, ShmBeforeLibfabricTwoNamesItsDeadWriterStall) {

@@ -250,4 +250,23 @@ StatusOr<std::unique_ptr<Engine>> CreateLibfabricEngine(const LibfabricOptions& 
   return LibfabricEngine::Create(options);
 }
 
+StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options) {
+  options.enable_hmem = true;
+  GpuEngine out;
+  {
+    StatusOr<std::unique_ptr<Engine>> hmem = CreateLibfabricEngine(options);
+    if (hmem.ok() && (*hmem)->capabilities().cuda_memory) {
+      out.engine = std::move(hmem).value();
+      out.cuda_memory = true;
+      return out;
+    }
+    out.why_not = hmem.ok() ? (*hmem)->Describe() : hmem.status().message();
+  }  // an engine that cannot take CUDA memory stops before the host one starts
+  options.enable_hmem = false;
+  StatusOr<std::unique_ptr<Engine>> host = CreateLibfabricEngine(options);
+  if (!host.ok()) return host.status();
+  out.engine = std::move(host).value();
+  return out;
+}
+
 }  // namespace wsync::transport::fabric
