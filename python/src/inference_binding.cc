@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "inference_agent/agent_runner.h"
+#include "python/src/torch_device.h"
 #include "routing/spec_io.h"
 #include "transport/libfabric/libfabric_engine.h"
 
@@ -77,17 +78,17 @@ class TorchShadow : public inference::ShadowMemory {
                                                        bool staging) {
     auto shadow = std::unique_ptr<TorchShadow>(new TorchShadow);
     Status s = Torch("allocating the shadow", [&] {
-      // The pinned (staging) shadows are one allocation: torch's pinned
-      // allocator rounds each up to a power of two.
+      // The pinned (staging) shadows are one allocation of their size.
       uint64_t pinned = 0;
       for (const inference::WeightMemory::Region& r : live) {
         if (staging && r.kind != transport::MemoryKind::kHost) pinned += (std::max<uint64_t>(r.size, 1) + 4095) / 4096 * 4096;
       }
       uint8_t* next_pinned = nullptr;
       if (pinned > 0) {
-        shadow->tensors_.push_back(at::empty({static_cast<int64_t>(pinned)},
-                                             at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
-        next_pinned = static_cast<uint8_t*>(shadow->tensors_.back().data_ptr());
+        StatusOr<std::unique_ptr<PinnedHostMemory>> m = PinnedHostMemory::Allocate(pinned);
+        if (!m.ok()) throw std::runtime_error(m.status().message());
+        shadow->pinned_ = std::move(m).value();
+        next_pinned = shadow->pinned_->data();
       }
       for (const inference::WeightMemory::Region& r : live) {
         inference::WeightMemory::Region copy = r;
@@ -156,6 +157,7 @@ class TorchShadow : public inference::ShadowMemory {
 
   std::vector<inference::WeightMemory::Region> regions_;
   std::vector<at::Tensor> tensors_;  // regions_' memory, kept alive
+  std::unique_ptr<PinnedHostMemory> pinned_;  // the staging shadows
   const inference::WeightMemory::Region* last_ = nullptr;
 };
 

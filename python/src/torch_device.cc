@@ -5,6 +5,9 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -302,11 +305,16 @@ class TorchCudaDevice : public DeviceOps {
   // Host staging: pinned memory from torch's host allocator (counted by its
   // statistics), copied into on the stream.
   StatusOr<void*> AllocateHost(uint64_t bytes) override {
-    return Run("allocate pinned host memory", [&] {
-      return Keep(&pinned_, at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
-    });
+    WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostMemory> m, PinnedHostMemory::Allocate(bytes));
+    void* p = m->data();
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_.emplace(p, std::move(m));
+    return p;
   }
-  void FreeHost(void* p) override { Forget(&pinned_, p); }
+  void FreeHost(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_.erase(p);
+  }
   Status CopyToHost(void* host, const void* src, uint64_t bytes) override {
     return Run("copy to host staging", [&] {
       at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(at::kCPU))
@@ -360,7 +368,7 @@ class TorchCudaDevice : public DeviceOps {
   const bool host_shards_;  // the shards the executor copies from are in host memory
   std::mutex mu_;
   std::unordered_map<void*, at::Tensor> owned_;   // arena allocations, kept alive
-  std::unordered_map<void*, at::Tensor> pinned_;  // host staging, kept alive
+  std::unordered_map<void*, std::unique_ptr<PinnedHostMemory>> pinned_;  // host staging
   // Per kernel quantize since the last Synchronize, one int32 slot on the
   // device that it sets on a NaN/Inf; the pinned copy is what Synchronize
   // read back.
@@ -373,6 +381,46 @@ class TorchCudaDevice : public DeviceOps {
 };
 
 }  // namespace
+
+StatusOr<std::unique_ptr<PinnedHostMemory>> PinnedHostMemory::Allocate(uint64_t bytes) {
+  std::unique_ptr<PinnedHostMemory> m(new PinnedHostMemory);
+  const uint64_t page = 4096;
+  m->mapped_ = (std::max<uint64_t>(bytes, 1) + page - 1) / page * page;
+#ifdef WSYNC_FP8_CUDA
+  void* p = mmap(nullptr, m->mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Internal("pinned host memory: mmap of " + std::to_string(m->mapped_) + " bytes: " + std::strerror(errno));
+  }
+  const cudaError_t e = cudaHostRegister(p, m->mapped_, cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
+    munmap(p, m->mapped_);
+    return Internal("pinned host memory: cudaHostRegister of " + std::to_string(m->mapped_) + " bytes: " +
+                    cudaGetErrorString(e));
+  }
+  m->data_ = static_cast<uint8_t*>(p);
+#else
+  try {
+    auto t = std::make_shared<at::Tensor>(
+        at::empty({static_cast<int64_t>(m->mapped_)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
+    m->data_ = static_cast<uint8_t*>(t->data_ptr());
+    m->keep_ = std::move(t);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    msg.resize(std::min(msg.size(), msg.find('\n')));
+    return Internal("pinned host memory of " + std::to_string(m->mapped_) + " bytes: " + msg);
+  }
+#endif
+  return m;
+}
+
+PinnedHostMemory::~PinnedHostMemory() {
+#ifdef WSYNC_FP8_CUDA
+  if (data_ != nullptr) {
+    (void)cudaHostUnregister(data_);
+    munmap(data_, mapped_);
+  }
+#endif
+}
 
 StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal, bool host_shards) {
   try {
