@@ -188,30 +188,23 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
-  const std::string& staging = s->config_.staging;
-  if (staging != "auto" && staging != "on" && staging != "off") {
-    return InvalidArgument(me + ": staging='" + staging + "': expected 'auto', 'on' or 'off'");
-  }
+  StatusOr<transport::fabric::GpuMemory> want = GpuMemoryForStaging(s->config_.staging);
+  if (!want.ok()) return want.status().WithContext(me);
   const bool gpu = std::any_of(regions.begin(), regions.end(),
                                [](const auto& r) { return r.kind == transport::MemoryKind::kCuda; });
   std::unique_ptr<transport::Engine> engine;
-  std::string why_staged = "asked for";
-  if (gpu && staging != "on") {
-    StatusOr<transport::fabric::GpuEngine> made = transport::fabric::CreateLibfabricEngineForGpu(fabric);
-    if (!made.ok()) return made.status().WithContext(me + ": starting the transport");
-    if (!made->cuda_memory && staging == "off") {
-      return FailedPrecondition(me + ": the tensors are in GPU memory, but the transport cannot receive into it (" +
-                                made->why_not + "); use a libfabric built with CUDA (e.g. the AWS EFA installer's), " +
-                                "host tensors, or staging='auto'");
-    }
+  std::string why_staged;
+  if (gpu) {
+    StatusOr<transport::fabric::GpuEngine> made =
+        transport::fabric::CreateLibfabricEngineForGpu(fabric, *want);
+    if (!made.ok()) return made.status().WithContext(me + ": the tensors are in GPU memory");
     s->staged_ = !made->cuda_memory;
-    why_staged = "the transport cannot receive into GPU memory: " + made->why_not;
+    why_staged = made->why_not;
     engine = std::move(made->engine);
   } else {
     StatusOr<std::unique_ptr<transport::Engine>> made = transport::fabric::CreateLibfabricEngine(fabric);
     if (!made.ok()) return made.status().WithContext(me + ": starting the transport");
     engine = std::move(made).value();
-    s->staged_ = gpu;  // staging == "on"
   }
   const auto log = [](const std::string& line) { std::fprintf(stderr, "wsync %s\n", line.c_str()); };
   if (s->staged_) {

@@ -302,8 +302,8 @@ class TorchCudaDevice : public DeviceOps {
     return r;
   }
 
-  // Host staging: pinned memory from torch's host allocator (counted by its
-  // statistics), copied into on the stream.
+  // Host staging: pinned memory of exactly the arena's size, copied into on
+  // the stream.
   StatusOr<void*> AllocateHost(uint64_t bytes) override {
     WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostMemory> m, PinnedHostMemory::Allocate(bytes));
     void* p = m->data();
@@ -381,6 +381,13 @@ class TorchCudaDevice : public DeviceOps {
 };
 
 }  // namespace
+
+StatusOr<transport::fabric::GpuMemory> GpuMemoryForStaging(const std::string& staging) {
+  if (staging == "auto") return transport::fabric::GpuMemory::kDirectOrHost;
+  if (staging == "on") return transport::fabric::GpuMemory::kHost;
+  if (staging == "off") return transport::fabric::GpuMemory::kDirect;
+  return InvalidArgument("staging='" + staging + "': expected 'auto', 'on' or 'off'");
+}
 
 StatusOr<std::unique_ptr<PinnedHostMemory>> PinnedHostMemory::Allocate(uint64_t bytes) {
   std::unique_ptr<PinnedHostMemory> m(new PinnedHostMemory);

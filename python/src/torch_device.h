@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "pipeline/device.h"
+#include "transport/libfabric/libfabric_engine.h"
 
 namespace wsync::python {
 
@@ -16,6 +18,11 @@ namespace wsync::python {
 // `host_shards`: the trainer's shards are in host memory (FSDP2 CPU
 // offload), so the copy stage is host-to-device.
 StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal, bool host_shards = false);
+
+// TrainerAgent/InferenceAgent(staging=...): "auto" sends GPU memory
+// directly where the transport can and stages through pinned host memory
+// otherwise, "on" always stages, "off" never does; InvalidArgument otherwise.
+StatusOr<transport::fabric::GpuMemory> GpuMemoryForStaging(const std::string& staging);
 
 // Page-locked host memory of exactly `bytes` (rounded to pages), for host
 // staging: mmap + cudaHostRegister where the extension was built with the

@@ -98,40 +98,26 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
-  const std::string& staging = s->config_.staging;
-  if (staging != "auto" && staging != "on" && staging != "off") {
-    return InvalidArgument(me + ": staging='" + staging + "': expected 'auto', 'on' or 'off'");
-  }
+  StatusOr<transport::fabric::GpuMemory> want = GpuMemoryForStaging(s->config_.staging);
+  if (!want.ok()) return want.status().WithContext(me);
   bool stage = false;
   if (s->config_.cuda_device >= 0) {
     WSYNC_ASSIGN_OR_RETURN(s->device_, MakeTorchCudaDevice(s->config_.cuda_device, s->config_.host_shards));
     fabric.gpu = s->config_.cuda_device;
-  }
-  if (s->device_ != nullptr && staging != "on") {
-    StatusOr<transport::fabric::GpuEngine> gpu = transport::fabric::CreateLibfabricEngineForGpu(fabric);
-    if (!gpu.ok()) return gpu.status().WithContext(me + ": starting the transport");
-    if (!gpu->cuda_memory && staging == "off") {
-      return FailedPrecondition(me + ": the pipeline runs on " + s->device_->name() + ", but the transport cannot " +
-                                "send GPU memory (" + gpu->why_not + "); use a libfabric built with CUDA (FI_HMEM), " +
-                                "or staging='auto'");
-    }
+    StatusOr<transport::fabric::GpuEngine> gpu =
+        transport::fabric::CreateLibfabricEngineForGpu(fabric, *want);
+    if (!gpu.ok()) return gpu.status().WithContext(me + ": the pipeline runs on " + s->device_->name());
     stage = !gpu->cuda_memory;
     fabric.enable_hmem = gpu->cuda_memory;
     s->engine_ = std::move(gpu->engine);
     if (stage) {
-      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: the " +
-                        "transport cannot send GPU memory: " + gpu->why_not +
-                        "); the slower path: one more copy of every written byte");
+      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: " +
+                        gpu->why_not + "); the slower path: one more copy of every written byte");
     }
   } else {
     StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
     if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
     s->engine_ = std::move(engine).value();
-    stage = s->device_ != nullptr;  // staging == "on"
-    if (stage) {
-      LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging, asked " +
-                        "for); the slower path: one more copy of every written byte");
-    }
   }
   s->fabric_options_ = fabric;  // what a restarted engine is made with
 

@@ -50,7 +50,7 @@ TEST(CapabilitiesTest, AProviderWithoutHmemGivesAHostEngineAndSaysWhy) {
   fabric::LibfabricOptions o;
   o.provider = "tcp;ofi_rxm";
   o.node = "127.0.0.1";
-  auto gpu = fabric::CreateLibfabricEngineForGpu(o);
+  auto gpu = fabric::CreateLibfabricEngineForGpu(o, fabric::GpuMemory::kDirectOrHost);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_NE(gpu->engine, nullptr);
   if (gpu->cuda_memory) GTEST_SKIP() << "this libfabric's tcp can register CUDA memory: " << gpu->engine->Describe();
@@ -59,6 +59,13 @@ TEST(CapabilitiesTest, AProviderWithoutHmemGivesAHostEngineAndSaysWhy) {
   std::vector<char> buffer(1 << 16);
   auto region = gpu->engine->Register(buffer.data(), buffer.size());
   EXPECT_TRUE(region.ok()) << region.status().ToString();
+  region.value().reset();
+  gpu->engine.reset();
+  // Without the fallback, one line that says why.
+  auto direct = fabric::CreateLibfabricEngineForGpu(o, fabric::GpuMemory::kDirect);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(direct.status().message().find("cannot register GPU memory"), std::string::npos) << direct.status().ToString();
 }
 
 // A user of shm on libfabric 1.x hears of its dead-writer stall at start,

@@ -250,22 +250,26 @@ StatusOr<std::unique_ptr<Engine>> CreateLibfabricEngine(const LibfabricOptions& 
   return LibfabricEngine::Create(options);
 }
 
-StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options) {
-  options.enable_hmem = true;
+StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options, GpuMemory want) {
   GpuEngine out;
-  {
+  out.why_not = "host staging asked for";
+  if (want != GpuMemory::kHost) {
+    options.enable_hmem = true;
     StatusOr<std::unique_ptr<Engine>> hmem = CreateLibfabricEngine(options);
     if (hmem.ok() && (*hmem)->capabilities().cuda_memory) {
       out.engine = std::move(hmem).value();
       out.cuda_memory = true;
+      out.why_not.clear();
       return out;
     }
     out.why_not = hmem.ok() ? (*hmem)->Describe() : hmem.status().message();
+    if (want == GpuMemory::kDirect) {
+      return FailedPrecondition("the transport cannot register GPU memory (" + out.why_not +
+                                "); use a libfabric built with CUDA (FI_HMEM), or host staging");
+    }
   }  // an engine that cannot take CUDA memory stops before the host one starts
   options.enable_hmem = false;
-  StatusOr<std::unique_ptr<Engine>> host = CreateLibfabricEngine(options);
-  if (!host.ok()) return host.status();
-  out.engine = std::move(host).value();
+  WSYNC_ASSIGN_OR_RETURN(out.engine, CreateLibfabricEngine(options));
   return out;
 }
 

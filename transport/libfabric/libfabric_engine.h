@@ -15,16 +15,18 @@ namespace wsync::transport::fabric {
 // worker and callback threads.
 StatusOr<std::unique_ptr<Engine>> CreateLibfabricEngine(const LibfabricOptions& options);
 
-// For GPU memory where host staging is the fallback: an engine with FI_HMEM
-// (options.enable_hmem forced on) when the provider offers it and can
-// register CUDA memory; otherwise a host-memory engine, and `why_not` says
-// why (the provider has no FI_HMEM, or this libfabric cannot register CUDA
-// memory: its Describe()).
+// For GPU memory: how the caller's GPU bytes may travel.
+enum class GpuMemory {
+  kDirect,        // straight from/to GPU memory (FI_HMEM), or FailedPrecondition saying why not
+  kDirectOrHost,  // straight where this libfabric can, else a host engine (the caller stages)
+  kHost,          // a host engine: the caller stages through host memory
+};
 struct GpuEngine {
   std::unique_ptr<Engine> engine;
-  bool cuda_memory = false;
-  std::string why_not;
+  bool cuda_memory = false;  // false: the caller must stage through host memory
+  std::string why_not;       // why not cuda_memory: the provider has no FI_HMEM, this
+                             // libfabric cannot register CUDA memory (its Describe()), or not asked for
 };
-StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options);
+StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options, GpuMemory want);
 
 }  // namespace wsync::transport::fabric
