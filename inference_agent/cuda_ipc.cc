@@ -1,22 +1,14 @@
 #include "inference_agent/cuda_ipc.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
+#include "common/hex.h"
 #include "routing/json_reader.h"
 
 namespace wsync::inference {
-namespace {
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
-
 StatusOr<CudaIpcExport> ReadCudaIpcExport(const std::string& path, const InferenceRank& rank) {
   WSYNC_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(path));
   if (!doc.is_object() || doc.value("schema", std::string()) != kCudaIpcSchema) {
@@ -49,11 +41,9 @@ StatusOr<CudaIpcExport> ReadCudaIpcExport(const std::string& path, const Inferen
       return InvalidArgument(named + ": 'handle' must be " + std::to_string(2 * kCudaIpcHandleBytes) +
                              " hex digits (a cudaIpcMemHandle_t), got " + std::to_string(hex.size()) + " characters");
     }
-    for (size_t b = 0; b < kCudaIpcHandleBytes; ++b) {
-      const int hi = HexDigit(hex[2 * b]), lo = HexDigit(hex[2 * b + 1]);
-      if (hi < 0 || lo < 0) return InvalidArgument(named + ": 'handle' is not hex");
-      out.handle[b] = static_cast<uint8_t>(hi * 16 + lo);
-    }
+    const std::optional<std::string> handle = HexToBytes(hex);
+    if (!handle.has_value()) return InvalidArgument(named + ": 'handle' is not hex");
+    std::copy(handle->begin(), handle->end(), out.handle.begin());
     if (!by_id.emplace(out.id, out).second) return InvalidArgument(named + ": given twice");
   }
   CudaIpcExport ipc;

@@ -3,7 +3,10 @@
 // Little-endian fixed-width fields behind a magic and a version, so a
 // truncated or foreign blob is refused with a clear message, not misread.
 #include <cstring>
+#include <optional>
+#include <string>
 
+#include "common/hex.h"
 #include "transport/engine.h"
 
 namespace wsync::transport {
@@ -120,21 +123,11 @@ std::string MemoryDescriptor::ToText() const {
 }
 
 StatusOr<MemoryDescriptor> MemoryDescriptor::FromText(std::string_view text) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
   if (text.empty()) return InvalidArgument("memory descriptor: empty (a dry-run spec has no descriptors)");
   if (text.size() % 2 != 0) return InvalidArgument("memory descriptor: odd number of hex digits");
-  std::string raw(text.size() / 2, '\0');
-  for (size_t i = 0; i < raw.size(); ++i) {
-    const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
-    if (hi < 0 || lo < 0) return InvalidArgument("memory descriptor: not hex text");
-    raw[i] = static_cast<char>(hi << 4 | lo);
-  }
-  return Parse(raw);
+  const std::optional<std::string> raw = HexToBytes(text);
+  if (!raw.has_value()) return InvalidArgument("memory descriptor: not hex text");
+  return Parse(*raw);
 }
 
 }  // namespace wsync::transport
