@@ -197,19 +197,7 @@ StatusOr<int32_t> CheckInferenceRegistration(const json& body, int32_t world) {
     return InvalidArgument("inference registration: rank " + std::to_string(rank) + " is outside 0.." +
                            std::to_string(world - 1) + " (the controller expects " +
                            std::to_string(world) + " inference ranks)");
-  // Validate the rank alone as a one-rank world numbered 0, then put its
-  // real rank back into the message.
-  json alone = body;
-  alone["rank"] = 0;
-  const json doc = {{"schema", "wsync.inference/v1"}, {"ranks", json::array({alone})}};
-  StatusOr<InferenceSpec> spec = ParseInferenceSpec(doc, "inference registrations");
-  if (!spec.ok()) {
-    std::string msg = spec.status().message();
-    const std::string as_zero = "inference registrations: rank 0";
-    if (msg.compare(0, as_zero.size(), as_zero) == 0)
-      msg = "inference registrations: rank " + std::to_string(rank) + msg.substr(as_zero.size());
-    return InvalidArgument(msg);
-  }
+  WSYNC_RETURN_IF_ERROR(ParseOneInferenceRank(body, "inference registrations").status());
   return static_cast<int32_t>(rank);
 }
 

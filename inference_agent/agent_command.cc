@@ -18,6 +18,7 @@
 #include "inference_agent/cuda_ipc.h"
 #include "models/generate.h"
 #include "common/process_control.h"
+#include "routing/json_reader.h"
 #include "routing/spec_io.h"
 #include "transport/libfabric/libfabric_engine.h"
 
@@ -35,7 +36,13 @@ StatusOr<InferenceRank> LoadInferenceRank(const InferenceAgentFlags& flags) {
   InferenceSpec spec;
   std::string source;
   if (!flags.layout.empty()) {
-    WSYNC_ASSIGN_OR_RETURN(spec, ParseInferenceSpecFromFile(flags.layout));
+    // An engine may write a layout of its own rank only (wsync.export_cuda_ipc does).
+    WSYNC_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(flags.layout));
+    const nlohmann::json ranks = doc.is_object() ? doc.value("ranks", nlohmann::json()) : nlohmann::json();
+    if (ranks.is_array() && ranks.size() == 1 && ranks[0].is_object() &&
+        ranks[0].value("rank", nlohmann::json()) == flags.rank)
+      return ParseOneInferenceRank(ranks[0], flags.layout);
+    WSYNC_ASSIGN_OR_RETURN(spec, ParseInferenceSpec(doc, flags.layout));
     source = flags.layout;
   } else {
     WSYNC_ASSIGN_OR_RETURN(GeneratedSpecs gen, GenerateFromClusterFile(flags.cluster));

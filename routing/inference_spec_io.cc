@@ -113,6 +113,29 @@ StatusOr<InferenceSpec> ParseInferenceSpec(const std::vector<const json*>& ranks
   return spec;
 }
 
+StatusOr<InferenceRank> ParseOneInferenceRank(const json& entry, const std::string& source) {
+  if (!entry.is_object() || !entry.contains("rank") || !entry["rank"].is_number_integer())
+    return InvalidArgument(source + ": a rank entry needs an integer 'rank'");
+  const int64_t rank = entry["rank"].get<int64_t>();
+  if (rank < 0 || rank > INT32_MAX) return InvalidArgument(source + ": rank " + std::to_string(rank) + " is negative or too large");
+  // Checked as a one-rank world numbered 0, then given its number back (in
+  // the rank and in the message).
+  json alone = entry;
+  alone["rank"] = 0;
+  const std::vector<const json*> one = {&alone};
+  StatusOr<InferenceSpec> spec = ParseInferenceSpec(one, source);
+  if (!spec.ok()) {
+    std::string msg = spec.status().message();
+    const std::string as_zero = source + ": rank 0";
+    if (msg.compare(0, as_zero.size(), as_zero) == 0)
+      msg = source + ": rank " + std::to_string(rank) + msg.substr(as_zero.size());
+    return InvalidArgument(msg);
+  }
+  InferenceRank r = std::move(spec->ranks[0]);
+  r.rank = static_cast<int32_t>(rank);
+  return r;
+}
+
 StatusOr<InferenceSpec> ParseInferenceSpecFromFile(const std::string& path) {
   WSYNC_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
   return ParseInferenceSpec(j, path);

@@ -29,6 +29,10 @@ StatusOr<InferenceSpec> ParseInferenceSpec(const nlohmann::json& j, const std::s
 StatusOr<TrainerSpec> ParseTrainerSpec(const nlohmann::json& mesh_groups, const std::vector<const nlohmann::json*>& ranks,
                                        const std::string& source);
 StatusOr<InferenceSpec> ParseInferenceSpec(const std::vector<const nlohmann::json*>& ranks, const std::string& source);
+// One entry of "ranks" read and checked on its own, whatever its number (a
+// registration; an engine's layout of only its own rank). Errors name it as
+// "<source>: rank N".
+StatusOr<InferenceRank> ParseOneInferenceRank(const nlohmann::json& entry, const std::string& source);
 // `model_config` (may be null) resolves "{name}" placeholders in a part's
 // `shards` (e.g. "shards": "{num_key_value_heads}") from the HF config.json
 // keys of the same name; without it such placeholders are errors.
