@@ -24,6 +24,18 @@ void AppendJsonInt(std::string* out, T v) {
   out->append(buf, r.ptr);
 }
 
+template <typename Container>
+void AppendJsonIntArray(std::string* out, const Container& values) {
+  *out += '[';
+  bool first = true;
+  for (const auto v : values) {
+    if (!first) *out += ',';
+    first = false;
+    AppendJsonInt(out, v);
+  }
+  *out += ']';
+}
+
 // A JSON string as dump() writes it (printable ASCII fast, the rest through
 // nlohmann's own escaping). Invalid UTF-8 is replaced (U+FFFD), not thrown
 // on: a plan or slice is served whole or not at all, never half-written.

@@ -108,13 +108,81 @@ json PlanToJson(const RoutingTable& table) {
 }
 
 std::string PlanToText(const RoutingTable& table) {
-  std::string ops = "[";
-  for (const WriteOp& op : table.ops) {
-    if (ops.size() > 1) ops += ',';
-    AppendOp(&ops, op);
+  // PlanToJson(table).dump() in one buffer, keys sorted as dump() sorts
+  // them: a Kimi-K2 plan has 200k destinations and ~1M ops, and as trees
+  // they cost most of the controller's planning pass.
+  auto dump = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  std::string out;
+  out.reserve(256 + table.ops.size() * 72 + table.destinations.size() * 160 + table.sources.size() * 96);
+  out += "{\"destinations\":[";
+  for (size_t i = 0; i < table.destinations.size(); ++i) {
+    const DestTensor& d = table.destinations[i];
+    if (i > 0) out += ',';
+    out += "{\"bytes\":";
+    AppendJsonInt(&out, d.bytes);
+    out += ",\"dtype\":";
+    AppendJsonString(&out, DTypeName(d.dtype));
+    out += ",\"name\":";
+    AppendJsonString(&out, d.name);
+    out += ",\"offset\":";
+    AppendJsonInt(&out, d.where.offset);
+    out += ",\"rank\":";
+    AppendJsonInt(&out, d.rank);
+    out += ",\"region\":";
+    AppendJsonString(&out, d.where.region);
+    if (d.has_scale) {
+      out += ",\"scale\":{\"bytes\":";
+      AppendJsonInt(&out, d.scale_bytes);
+      out += ",\"name\":";
+      AppendJsonString(&out, d.scale_name);
+      out += ",\"offset\":";
+      AppendJsonInt(&out, d.scale_where.offset);
+      out += ",\"region\":";
+      AppendJsonString(&out, d.scale_where.region);
+      out += ",\"shape\":";
+      AppendJsonIntArray(&out, d.scale_shape);
+      out += '}';
+    }
+    out += ",\"shape\":";
+    AppendJsonIntArray(&out, d.shape);
+    out += '}';
   }
-  ops += ']';
-  return ObjectTextWith(PlanHeadJson(table), "ops", ops);
+  out += "],\"inference_endpoints\":";
+  out += dump(EndpointsJson(table.inference_endpoints));
+  out += ",\"mesh_groups\":[";
+  for (size_t i = 0; i < table.mesh_groups.size(); ++i) {
+    if (i > 0) out += ',';
+    out += "{\"name\":";
+    AppendJsonString(&out, table.mesh_groups[i].name);
+    out += ",\"ranks\":";
+    AppendJsonIntArray(&out, table.mesh_groups[i].ranks);
+    out += '}';
+  }
+  out += "],\"ops\":[";
+  for (size_t i = 0; i < table.ops.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendOp(&out, table.ops[i]);
+  }
+  out += "],\"schema\":";
+  AppendJsonString(&out, kPlanSchema);
+  out += ",\"sources\":[";
+  for (size_t i = 0; i < table.sources.size(); ++i) {
+    const SourceTensor& st = table.sources[i];
+    if (i > 0) out += ',';
+    out += "{\"dtype\":";
+    AppendJsonString(&out, DTypeName(st.dtype));
+    out += ",\"global_shape\":";
+    AppendJsonIntArray(&out, st.global_shape);
+    out += ",\"mesh_group\":";
+    AppendJsonInt(&out, st.mesh_group);
+    out += ",\"name\":";
+    AppendJsonString(&out, st.name);
+    out += '}';
+  }
+  out += "],\"trainer_endpoints\":";
+  out += dump(EndpointsJson(table.trainer_endpoints));
+  out += '}';
+  return out;
 }
 
 StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {

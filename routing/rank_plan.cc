@@ -437,6 +437,67 @@ void AppendWrite(std::string* out, const RankWrite& w) {
   *out += ']';
 }
 
+void AppendBox(std::string* out, const Box& b) {
+  *out += "[[";
+  for (int d = 0; d < b.ndim; ++d) {
+    if (d > 0) *out += ',';
+    AppendJsonInt(out, b.offset[d]);
+  }
+  *out += "],[";
+  for (int d = 0; d < b.ndim; ++d) {
+    if (d > 0) *out += ',';
+    AppendJsonInt(out, b.size[d]);
+  }
+  *out += "]]";
+}
+
+void AppendRowsList(std::string* out, const std::vector<Rows>& rows) {
+  *out += '[';
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0) *out += ',';
+    *out += '[';
+    AppendJsonInt(out, rows[i].offset);
+    *out += ',';
+    AppendJsonInt(out, rows[i].size);
+    *out += ']';
+  }
+  *out += ']';
+}
+
+// SourceHeadJson(s) with its "writes", as dump() writes it (keys sorted).
+void AppendSource(std::string* out, const RankSource& s) {
+  *out += "{\"block\":[";
+  AppendJsonInt(out, s.block_rows);
+  *out += ',';
+  AppendJsonInt(out, s.block_cols);
+  *out += "],\"dtype\":";
+  AppendJsonString(out, DTypeName(s.dtype));
+  *out += ",\"gather_dim\":";
+  AppendJsonInt(out, s.gather_dim);
+  *out += ",\"gather_ranks\":";
+  AppendJsonIntArray(out, s.gather_ranks);
+  *out += ",\"global_shape\":";
+  AppendJsonIntArray(out, s.global_shape);
+  *out += ",\"held\":";
+  AppendBox(out, s.held);
+  *out += ",\"local\":";
+  AppendBox(out, s.local);
+  *out += ",\"name\":";
+  AppendJsonString(out, s.name);
+  if (s.exchange()) {
+    *out += ",\"recv_rows\":";
+    AppendRowsList(out, s.recv_rows);
+    *out += ",\"send_rows\":";
+    AppendRowsList(out, s.send_rows);
+  }
+  *out += ",\"writes\":[";
+  for (size_t i = 0; i < s.writes.size(); ++i) {
+    if (i > 0) *out += ',';
+    AppendWrite(out, s.writes[i]);
+  }
+  *out += "]}";
+}
+
 }  // namespace
 
 nlohmann::json ToJson(const TrainerRankPlan& plan) {
@@ -460,25 +521,41 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
 }
 
 std::string ToJsonText(const TrainerRankPlan& plan) {
-  std::string groups = "[";
-  for (const RankMeshGroup& g : plan.groups) {
-    if (groups.size() > 1) groups += ',';
-    std::string sources = "[";
-    for (const RankSource& s : g.sources) {
-      if (sources.size() > 1) sources += ',';
-      std::string writes = "[";
-      for (const RankWrite& w : s.writes) {
-        if (writes.size() > 1) writes += ',';
-        AppendWrite(&writes, w);
-      }
-      writes += ']';
-      sources += ObjectTextWith(SourceHeadJson(s), "writes", writes);
+  // One buffer, appended in dump()'s order (keys sorted): the slices of a
+  // Kimi-K2 world are ~200 MB, and building each level as its own string
+  // (or its head as a tree) cost most of the time to serve them.
+  size_t writes = 0;
+  for (const RankMeshGroup& g : plan.groups)
+    for (const RankSource& s : g.sources) writes += s.writes.size();
+  std::string out;
+  out.reserve(256 + writes * 160 + plan.groups.size() * 1024);
+  out += "{\"groups\":[";
+  for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
+    const RankMeshGroup& g = plan.groups[gi];
+    if (gi > 0) out += ',';
+    out += "{\"name\":";
+    AppendJsonString(&out, g.name);
+    out += ",\"ranks\":";
+    AppendJsonIntArray(&out, g.ranks);
+    out += ",\"sources\":[";
+    for (size_t si = 0; si < g.sources.size(); ++si) {
+      if (si > 0) out += ',';
+      AppendSource(&out, g.sources[si]);
     }
-    sources += ']';
-    groups += ObjectTextWith({{"name", g.name}, {"ranks", g.ranks}}, "sources", sources);
+    out += "]}";
   }
-  groups += ']';
-  return ObjectTextWith(TrainerPlanHeadJson(plan), "groups", groups);
+  out += "],\"peers\":";
+  out += PeersJson(plan).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out += ",\"rank\":";
+  AppendJsonInt(&out, plan.rank);
+  out += ",\"schema\":\"wsync.trainer_rank_plan/v1\",\"world\":";
+  AppendJsonInt(&out, plan.world);
+  out += ",\"write_bytes\":";
+  AppendJsonInt(&out, plan.write_bytes);
+  out += ",\"writes\":";
+  AppendJsonInt(&out, plan.writes);
+  out += '}';
+  return out;
 }
 
 nlohmann::json ToJson(const InferenceRankPlan& plan) {

@@ -10,6 +10,7 @@
 #include "routing/json_reader.h"
 #include "routing/json_text.h"
 #include "routing/planner.h"
+#include "routing/plan_io.h"
 #include "routing/rank_plan.h"
 #include "routing/spec_io.h"
 #include "tests/routing/test_specs.h"
@@ -442,17 +443,36 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStradd
 // need escaping included.
 TEST(RankPlanTextTest, IsTheTreesDumpByteForByte) {
   StackedFp8 c = MakeStackedFp8(384);
+  for (const bool exchange : {true, false}) {
+    size_t writes = 0;  // of the 4 ranks (with full_tensor some ranks write nothing)
+    auto table = Plan(c.trainer, c.inference, c.mapping, exchange ? Exchange() : PlanOptions{});
+    ASSERT_TRUE(table.ok()) << table.status().message();
+    for (int32_t rank = 0; rank < 4; ++rank) {
+      auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      EXPECT_EQ(plan->groups.at(0).sources.at(0).exchange(), exchange);
+      EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
+      for (RankSource& s : plan->groups.at(0).sources) {
+        writes += s.writes.size();
+        if (!s.writes.empty()) s.writes[0].dst_name = "experts \"w\"\t\u00e9";
+      }
+      plan->groups[0].sources[0].name = "src \u00e9\\";
+      plan->groups[0].name = "group \"g\"";
+      plan->peers.push_back({7, "host-\u00e9", {{"weights", "ab\"cd"}}});
+      EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
+    }
+    EXPECT_GT(writes, 0u) << (exchange ? "exchange" : "full_tensor");
+    // plan.json too: scales, endpoints and names that need escaping.
+    ASSERT_TRUE(std::any_of(table->destinations.begin(), table->destinations.end(),
+                            [](const DestTensor& d) { return d.has_scale; }));
+    EXPECT_EQ(PlanToText(*table), PlanToJson(*table).dump());
+    table->destinations.at(0).name = "dst \"\u00e9\"";
+    table->sources.at(0).name = "src\\\t";
+    table->mesh_groups.at(0).name = "g\u00e9";
+    EXPECT_EQ(PlanToText(*table), PlanToJson(*table).dump());
+  }
   auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
   ASSERT_TRUE(table.ok()) << table.status().message();
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
-    ASSERT_TRUE(plan.ok()) << plan.status().message();
-    EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
-    ASSERT_FALSE(plan->groups.at(0).sources.at(0).writes.empty());
-    plan->groups[0].sources[0].writes[0].dst_name = "experts \"w\"\t\u00e9";
-    plan->peers.push_back({7, "host-\u00e9", {{"weights", "ab\"cd"}}});
-    EXPECT_EQ(ToJsonText(*plan), ToJson(*plan).dump()) << "rank " << rank;
-  }
   InferenceRankPlan incoming = ExtractInferenceRankPlan(*table, 0);
   ASSERT_FALSE(incoming.writes.empty());
   EXPECT_EQ(ToJsonText(incoming), ToJson(incoming).dump());
