@@ -157,8 +157,17 @@ Status ControllerClient::ErrorFrom(const std::string& method, const std::string&
 
 StatusOr<json> ControllerClient::SendJson(const std::string& method, const std::string& path, const json& body,
                                           milliseconds extra_wait) {
-  WSYNC_ASSIGN_OR_RETURN(Reply reply, Send(method, path, body.is_null() ? "" : body.dump(), "application/json",
-                                           extra_wait));
+  return SendText(method, path, body.is_null() ? "" : body.dump(), extra_wait);
+}
+
+StatusOr<json> ControllerClient::SendText(const std::string& method, const std::string& path,
+                                          const std::string& body, milliseconds extra_wait) {
+  WSYNC_ASSIGN_OR_RETURN(Reply reply, Send(method, path, body, "application/json", extra_wait));
+  return AnswerJson(method, path, reply);
+}
+
+StatusOr<json> ControllerClient::AnswerJson(const std::string& method, const std::string& path,
+                                            const Reply& reply) const {
   if (reply.status != 200) return ErrorFrom(method, path, reply);
   json j = json::parse(reply.body, nullptr, false);
   if (j.is_discarded())
@@ -177,9 +186,7 @@ StatusOr<json> ControllerClient::RegisterTrainer(const TrainerRank& rank,
   return RegisterTrainerJson(body);
 }
 
-StatusOr<json> ControllerClient::RegisterTrainerJson(const json& body) {
-  return SendJson("POST", "/v1/register/trainer", body);
-}
+StatusOr<json> ControllerClient::RegisterTrainerJson(const json& body) { return RegisterText(Role::kTrainer, body.dump()); }
 
 StatusOr<json> ControllerClient::RegisterInference(const InferenceRank& rank) {
   InferenceSpec one;
@@ -188,24 +195,48 @@ StatusOr<json> ControllerClient::RegisterInference(const InferenceRank& rank) {
 }
 
 StatusOr<json> ControllerClient::RegisterInferenceJson(const json& body) {
-  return SendJson("POST", "/v1/register/inference", body);
+  return RegisterText(Role::kInference, body.dump());
 }
 
-StatusOr<json> ControllerClient::FetchPlan(Role role, int32_t rank, Clock::time_point deadline) {
+StatusOr<json> ControllerClient::RegisterText(Role role, const std::string& body) {
+  return SendText("POST", std::string("/v1/register/") + RoleName(role), body, milliseconds(0));
+}
+
+StatusOr<std::string> ControllerClient::FetchPlanText(Role role, int32_t rank, Clock::time_point deadline) {
   while (true) {
     const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
     const std::string path = "/v1/plan?role=" + std::string(RoleName(role)) + "&rank=" + std::to_string(rank) +
                              "&wait_ms=" + std::to_string(wait.count());
-    StatusOr<json> slice = SendJson("GET", path, nullptr, wait);
-    if (slice.ok() || slice.status().code() != StatusCode::kFailedPrecondition) return slice;
+    WSYNC_ASSIGN_OR_RETURN(Reply reply, Send("GET", path, "", "application/json", wait));
+    if (reply.status == 200) return std::move(reply.body);
+    Status refused = ErrorFrom("GET", path, reply);
+    if (refused.code() != StatusCode::kFailedPrecondition) return refused;
     if (Clock::now() >= deadline)
       return DeadlineExceeded(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
-                              ": no plan before the deadline: " + slice.status().message());
+                              ": no plan before the deadline: " + refused.message());
   }
 }
 
+StatusOr<json> ControllerClient::FetchPlan(Role role, int32_t rank, Clock::time_point deadline) {
+  WSYNC_ASSIGN_OR_RETURN(std::string text, FetchPlanText(role, rank, deadline));
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return Internal("controller " + address() + ": GET /v1/plan: answer is not JSON");
+  return j;
+}
+
 StatusOr<TrainerPlanSlice> ControllerClient::FetchTrainerPlan(int32_t rank, Clock::time_point deadline) {
-  WSYNC_ASSIGN_OR_RETURN(json j, FetchPlan(Role::kTrainer, rank, deadline));
+  WSYNC_ASSIGN_OR_RETURN(std::string text, FetchPlanText(Role::kTrainer, rank, deadline));
+  return ParseTrainerPlanSlice(text);
+}
+
+StatusOr<InferencePlanSlice> ControllerClient::FetchInferencePlan(int32_t rank, Clock::time_point deadline) {
+  WSYNC_ASSIGN_OR_RETURN(std::string text, FetchPlanText(Role::kInference, rank, deadline));
+  return ParseInferencePlanSlice(text);
+}
+
+StatusOr<TrainerPlanSlice> ParseTrainerPlanSlice(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("trainer plan slice: not a JSON object");
   TrainerPlanSlice slice;
   slice.plan_id = j.value("plan_id", "");
   if (j.contains("epoch") && j["epoch"].is_number_unsigned()) slice.epoch = j["epoch"].get<uint64_t>();
@@ -214,8 +245,9 @@ StatusOr<TrainerPlanSlice> ControllerClient::FetchTrainerPlan(int32_t rank, Cloc
   return slice;
 }
 
-StatusOr<InferencePlanSlice> ControllerClient::FetchInferencePlan(int32_t rank, Clock::time_point deadline) {
-  WSYNC_ASSIGN_OR_RETURN(json j, FetchPlan(Role::kInference, rank, deadline));
+StatusOr<InferencePlanSlice> ParseInferencePlanSlice(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("inference plan slice: not a JSON object");
   InferencePlanSlice slice;
   slice.plan_id = j.value("plan_id", "");
   slice.expected_writes = j.value("expected_writes", uint64_t{0});

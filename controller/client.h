@@ -101,10 +101,16 @@ class ControllerClient {
   StatusOr<nlohmann::json> RegisterTrainerJson(const nlohmann::json& body);
   StatusOr<nlohmann::json> RegisterInference(const InferenceRank& rank);
   StatusOr<nlohmann::json> RegisterInferenceJson(const nlohmann::json& body);
+  // A body already serialized (what RegisterTrainerJson/RegisterInferenceJson
+  // send); the controller checks it like any other.
+  StatusOr<nlohmann::json> RegisterText(Role role, const std::string& body);
 
   // Polls until the world is planned or `deadline` passes (then
   // DeadlineExceeded naming the missing ranks).
   StatusOr<nlohmann::json> FetchPlan(Role role, int32_t rank, Clock::time_point deadline);
+  // The slice as the controller wrote it (ParseTrainerPlanSlice and
+  // ParseInferencePlanSlice read it).
+  StatusOr<std::string> FetchPlanText(Role role, int32_t rank, Clock::time_point deadline);
   StatusOr<TrainerPlanSlice> FetchTrainerPlan(int32_t rank, Clock::time_point deadline);
   StatusOr<InferencePlanSlice> FetchInferencePlan(int32_t rank, Clock::time_point deadline);
 
@@ -171,6 +177,9 @@ class ControllerClient {
   StatusOr<nlohmann::json> SendJson(const std::string& method, const std::string& path,
                                     const nlohmann::json& body,
                                     std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
+  StatusOr<nlohmann::json> SendText(const std::string& method, const std::string& path, const std::string& body,
+                                    std::chrono::milliseconds extra_wait);
+  StatusOr<nlohmann::json> AnswerJson(const std::string& method, const std::string& path, const Reply& reply) const;
   Status ErrorFrom(const std::string& method, const std::string& path, const Reply& reply) const;
   StatusOr<VersionStatus> VersionCall(uint64_t version, const std::string& action, const nlohmann::json& body);
   StatusOr<VersionStatus> WaitVersionUntil(uint64_t version, Clock::time_point deadline, bool landed);
@@ -181,6 +190,10 @@ class ControllerClient {
 };
 
 StatusOr<VersionStatus> ParseVersionStatus(const nlohmann::json& j);
+
+// A plan slice as GET /v1/plan answers it (the text of FetchPlanText).
+StatusOr<TrainerPlanSlice> ParseTrainerPlanSlice(const std::string& text);
+StatusOr<InferencePlanSlice> ParseInferencePlanSlice(const std::string& text);
 
 // "host:port" -> (host, port); port 0..65535.
 StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& address);

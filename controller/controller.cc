@@ -19,16 +19,13 @@ namespace {
 
 // An inference spec (wsync.inference/v1) with every region descriptor
 // blanked: two registrations of the same layout in different memory.
-json WithoutDescriptors(json spec) {
-  if (!spec.is_object() || !spec.contains("ranks") || !spec["ranks"].is_array()) return spec;
-  for (json& r : spec["ranks"]) {
-    if (!r.is_object() || !r.contains("regions") || !r["regions"].is_array()) continue;
-    for (json& region : r["regions"])
-      if (region.is_object() && region.contains("descriptor")) region["descriptor"] = "";
-  }
-  return spec;
+// The world's text with every region's descriptor blanked: an inference
+// rank that registers again with new memory changes only those.
+std::string TextWithoutDescriptors(InferenceSpec spec) {
+  for (InferenceRank& r : spec.ranks)
+    for (MemoryRegion& m : r.regions) m.descriptor.clear();
+  return ToJsonText(spec);
 }
-
 
 constexpr size_t kMaxErrors = 50;
 
@@ -127,7 +124,7 @@ Status Controller::LoadStateLocked() {
   // keep source holders, which per-rank extraction needs.
   std::string plan_text;
   WSYNC_ASSIGN_OR_RETURN(std::shared_ptr<const PlanState> plan,
-                         BuildPlan(trainer, inference, world->trainer, world->inference, &plan_text));
+                         BuildPlan(trainer, inference, ToJsonText(trainer), ToJsonText(inference), &plan_text));
   if (plan->plan_id != world->plan_id)
     return FailedPrecondition(where + ": re-planning the persisted world gives plan " + plan->plan_id +
                               ", not the persisted " + world->plan_id +
@@ -149,7 +146,7 @@ Status Controller::LoadStateLocked() {
 }
 
 StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
-    const TrainerSpec& trainer, const InferenceSpec& inference, json trainer_json, json inference_json,
+    TrainerSpec trainer, InferenceSpec inference, std::string trainer_text, std::string inference_text,
     std::string* plan_text) const {
   PlanOptions plan_options;
   plan_options.validate = false;  // the specs come from the strict loaders, which validate
@@ -161,10 +158,6 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, plan_options);
   if (!table.ok()) return InvalidArgument(table.status().message());
   auto plan = std::make_shared<PlanState>();
-  plan->trainer = trainer;
-  plan->inference = inference;
-  plan->trainer_json = std::move(trainer_json);
-  plan->inference_json = std::move(inference_json);
   plan->table = std::move(table).value();
   if (options_.exchange) {
     // The exchange's unshard traffic is only known rank by rank; without it
@@ -178,6 +171,10 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   }
   plan->ops_by_trainer.resize(trainer.ranks.size());
   plan->ops_by_inference.resize(inference.ranks.size());
+  plan->trainer = std::move(trainer);
+  plan->inference = std::move(inference);
+  plan->trainer_text = std::move(trainer_text);
+  plan->inference_text = std::move(inference_text);
   for (size_t i = 0; i < plan->table.ops.size(); ++i) {
     const WriteOp& op = plan->table.ops[i];
     if (op.src_rank >= 0 && static_cast<size_t>(op.src_rank) < plan->ops_by_trainer.size())
@@ -229,8 +226,8 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     const Clock::time_point t_assembled = Clock::now();
     std::string plan_text;
     StatusOr<std::shared_ptr<const PlanState>> plan =
-        world.ok() ? BuildPlan(world->trainer, world->inference, std::move(world->trainer_json),
-                               std::move(world->inference_json), &plan_text)
+        world.ok() ? BuildPlan(std::move(world->trainer), std::move(world->inference),
+                               std::move(world->trainer_text), std::move(world->inference_text), &plan_text)
                    : StatusOr<std::shared_ptr<const PlanState>>(world.status());
     const Clock::time_point t_planned = Clock::now();
     lock.lock();
@@ -245,8 +242,8 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
     committing_ = true;
     lock.unlock();
     const json mapping = ToJson(options_.mapping);
-    Status saved = store_.SaveWorld({options_.trainers, options_.inference, (*plan)->trainer_json,
-                                     (*plan)->inference_json, mapping, (*plan)->plan_id},
+    Status saved = store_.SaveWorld({options_.trainers, options_.inference, (*plan)->trainer_text,
+                                     (*plan)->inference_text, mapping, (*plan)->plan_id},
                                     plan_text);
     const Clock::time_point t_saved = Clock::now();
     // What only this pass needed goes before the lock is taken again.
@@ -329,28 +326,28 @@ json Controller::RegisterReplyLocked(Role role, int32_t rank) {
 StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json& rank_json,
                                             const json* mesh_groups) {
   const bool trainer = role == Role::kTrainer;
-  const json& planned_json = trainer ? plan_->trainer_json : plan_->inference_json;
-  json doc = planned_json;
+  const std::string& planned_text = trainer ? plan_->trainer_text : plan_->inference_text;
+  json doc = trainer ? ToJson(plan_->trainer) : ToJson(plan_->inference);
   if (mesh_groups) doc["mesh_groups"] = *mesh_groups;
   for (json& r : doc["ranks"])
     if (r.value("rank", -1) == rank) r = rank_json;
   const std::string source = std::string(RoleName(role)) + " registrations";
-  json normalized;
+  std::string normalized;
+  std::optional<InferenceSpec> inference;
   if (trainer) {
     StatusOr<TrainerSpec> spec = ParseTrainerSpec(doc, source);
     if (!spec.ok()) return InvalidArgument(spec.status().message());
-    normalized = ToJson(*spec);
+    normalized = ToJsonText(*spec);
   } else {
     StatusOr<InferenceSpec> spec = ParseInferenceSpec(doc, source);
     if (!spec.ok()) return InvalidArgument(spec.status().message());
-    normalized = ToJson(*spec);
+    normalized = ToJsonText(*spec);
+    inference = std::move(spec).value();
   }
-  if (!trainer && normalized != planned_json && WithoutDescriptors(normalized) == WithoutDescriptors(planned_json)) {
-    StatusOr<InferenceSpec> spec = ParseInferenceSpec(normalized, source);
-    if (!spec.ok()) return InvalidArgument(spec.status().message());
-    return NewEpochLocked(Role::kInference, rank, std::make_pair(std::move(spec).value(), std::move(normalized)));
-  }
-  if (normalized != planned_json)
+  if (inference && normalized != planned_text &&
+      TextWithoutDescriptors(*inference) == TextWithoutDescriptors(plan_->inference))
+    return NewEpochLocked(Role::kInference, rank, std::make_pair(std::move(*inference), std::move(normalized)));
+  if (normalized != planned_text)
     return FailedPrecondition(std::string(RoleName(role)) + " rank " + std::to_string(rank) +
                               ": metadata differs from the plan this controller serves (plan " +
                               plan_->plan_id +
@@ -367,17 +364,17 @@ StatusOr<json> Controller::ReRegisterLocked(Role role, int32_t rank, const json&
 }
 
 StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
-                                          std::optional<std::pair<InferenceSpec, json>> inference) {
+                                          std::optional<std::pair<InferenceSpec, std::string>> inference) {
   auto plan = std::make_shared<PlanState>(*plan_);  // the routing is unchanged: at most descriptors moved
   if (inference) {
     plan->inference = std::move(inference->first);
-    plan->inference_json = std::move(inference->second);
+    plan->inference_text = std::move(inference->second);
   }
   const uint64_t epoch = epoch_ + 1;
   const json mapping = ToJson(options_.mapping);
   // Persist first: a restarted controller must serve what agents now hold.
-  WSYNC_RETURN_IF_ERROR(store_.SaveWorld({options_.trainers, options_.inference, plan->trainer_json,
-                                          plan->inference_json, mapping, plan->plan_id, epoch},
+  WSYNC_RETURN_IF_ERROR(store_.SaveWorld({options_.trainers, options_.inference, plan->trainer_text,
+                                          plan->inference_text, mapping, plan->plan_id, epoch},
                                          PlanToText(plan->table)));
   epoch_ = epoch;
   InstallPlanLocked(std::move(plan));

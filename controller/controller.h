@@ -229,8 +229,11 @@ class Controller {
   struct PlanState {
     TrainerSpec trainer;
     InferenceSpec inference;
-    nlohmann::json trainer_json;    // normalized, for re-registration checks
-    nlohmann::json inference_json;
+    // Normalized wsync.trainer/v1 and wsync.inference/v1 text (ToJsonText),
+    // persisted and compared with re-registrations; text, not trees: tens
+    // of MB at Kimi-K2 scale.
+    std::string trainer_text;
+    std::string inference_text;
     RoutingTable table;
     PlanSummary summary;
     std::string plan_id;
@@ -243,8 +246,8 @@ class Controller {
   static StatusOr<std::shared_ptr<const std::string>> BuildSlice(const PlanState& plan, uint64_t epoch, Role role,
                                                                  int32_t rank);
   // Plans and digests; `plan_text` receives the wsync.plan/v1 document.
-  StatusOr<std::shared_ptr<const PlanState>> BuildPlan(const TrainerSpec& trainer, const InferenceSpec& inference,
-                                                       nlohmann::json trainer_json, nlohmann::json inference_json,
+  StatusOr<std::shared_ptr<const PlanState>> BuildPlan(TrainerSpec trainer, InferenceSpec inference,
+                                                       std::string trainer_text, std::string inference_text,
                                                        std::string* plan_text) const;
   void InstallPlanLocked(std::shared_ptr<const PlanState> plan) WSYNC_REQUIRES(mu_);
 
@@ -254,7 +257,7 @@ class Controller {
   // the same metadata. Bumps and persists the epoch and fails the versions
   // still running that the rank had not finished (its old process is gone).
   StatusOr<nlohmann::json> NewEpochLocked(Role role, int32_t rank,
-                                          std::optional<std::pair<InferenceSpec, nlohmann::json>> inference)
+                                          std::optional<std::pair<InferenceSpec, std::string>> inference)
       WSYNC_REQUIRES(mu_);
 
   // Set once (by the last registration or from the state dir).

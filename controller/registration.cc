@@ -224,8 +224,8 @@ StatusOr<AssembledWorld> AssembleWorld(const RankJsons& trainer_ranks, const jso
   AssembledWorld world;
   WSYNC_ASSIGN_OR_RETURN(world.trainer, ParseTrainerSpec(mesh_groups, trainers, "trainer registrations"));
   WSYNC_ASSIGN_OR_RETURN(world.inference, ParseInferenceSpec(inference, "inference registrations"));
-  world.trainer_json = ToJson(world.trainer);
-  world.inference_json = ToJson(world.inference);
+  world.trainer_text = ToJsonText(world.trainer);
+  world.inference_text = ToJsonText(world.inference);
   return world;
 }
 

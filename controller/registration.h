@@ -90,8 +90,8 @@ std::optional<Culprit> CulpritOf(const std::string& error);
 struct AssembledWorld {
   TrainerSpec trainer;
   InferenceSpec inference;
-  nlohmann::json trainer_json;    // wsync.trainer/v1, normalized (spec_io ToJson)
-  nlohmann::json inference_json;  // wsync.inference/v1, normalized
+  std::string trainer_text;    // wsync.trainer/v1, normalized (spec_io ToJsonText)
+  std::string inference_text;  // wsync.inference/v1, normalized
 };
 
 // Builds the spec documents from the registrations and parses them with the

@@ -78,8 +78,8 @@ Status StateStore::SaveWorld(const WorldToSave& world, const std::string& plan_t
                      {"epoch", world.epoch}};
   auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
   return WriteTextFileAtomic(
-      ObjectTextWith(head, {{"inference", text(world.inference)}, {"mapping", text(world.mapping)},
-                            {"trainer", text(world.trainer)}}) +
+      ObjectTextWith(head, {{"inference", world.inference}, {"mapping", text(world.mapping)},
+                            {"trainer", world.trainer}}) +
           "\n",
       Path("world.json"));
 }

@@ -41,8 +41,8 @@ struct PersistedWorld {
 struct WorldToSave {
   int32_t trainer_ranks = 0;
   int32_t inference_ranks = 0;
-  const nlohmann::json& trainer;
-  const nlohmann::json& inference;
+  const std::string& trainer;    // wsync.trainer/v1 text
+  const std::string& inference;  // wsync.inference/v1 text
   const nlohmann::json& mapping;
   const std::string& plan_id;
   uint64_t epoch = 1;

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "routing/json_reader.h"
+#include "routing/json_text.h"
 #include "routing/spec_io.h"
 #include "routing/validate.h"
 
@@ -165,6 +166,87 @@ json ToJson(const InferenceSpec& spec) {
                      {"tensors", std::move(tensors)}});
   }
   return {{"schema", kInferenceSchema}, {"ranks", std::move(ranks)}};
+}
+
+std::string ToJsonText(const InferenceSpec& spec) {
+  std::string out;
+  out += "{\"ranks\":[";
+  auto where = [&out](const RegionRef& w) {
+    out += ",\"offset\":";
+    AppendJsonInt(&out, w.offset);
+    out += ",\"region\":";
+    AppendJsonString(&out, w.region);
+  };
+  for (size_t ri = 0; ri < spec.ranks.size(); ++ri) {
+    const InferenceRank& rank = spec.ranks[ri];
+    if (ri > 0) out += ',';
+    out += "{\"gpu\":";
+    AppendJsonInt(&out, rank.gpu);
+    out += ",\"host\":";
+    AppendJsonString(&out, rank.host);
+    out += ",\"instance\":";
+    AppendJsonInt(&out, rank.instance);
+    out += ",\"nic\":";
+    AppendJsonInt(&out, rank.nic);
+    out += ",\"rank\":";
+    AppendJsonInt(&out, rank.rank);
+    out += ",\"regions\":[";
+    for (size_t i = 0; i < rank.regions.size(); ++i) {
+      const MemoryRegion& m = rank.regions[i];
+      if (i > 0) out += ',';
+      out += "{\"descriptor\":";
+      AppendJsonString(&out, m.descriptor);
+      out += ",\"id\":";
+      AppendJsonString(&out, m.id);
+      out += ",\"size\":";
+      AppendJsonInt(&out, m.size);
+      out += '}';
+    }
+    out += "],\"tensors\":[";
+    for (size_t i = 0; i < rank.tensors.size(); ++i) {
+      const InferenceTensor& t = rank.tensors[i];
+      if (i > 0) out += ',';
+      out += "{\"dtype\":";
+      AppendJsonString(&out, DTypeName(t.dtype));
+      if (t.experts) {
+        out += ",\"experts\":{\"end\":";
+        AppendJsonInt(&out, t.experts->end);
+        out += ",\"start\":";
+        AppendJsonInt(&out, t.experts->start);
+        out += '}';
+      }
+      out += ",\"name\":";
+      AppendJsonString(&out, t.name);
+      where(t.where);
+      if (t.scale) {
+        out += ",\"scale\":{\"dtype\":";
+        AppendJsonString(&out, DTypeName(t.scale->dtype));
+        out += ",\"name\":";
+        AppendJsonString(&out, t.scale->name);
+        where(t.scale->where);
+        out += ",\"shape\":";
+        AppendJsonIntArray(&out, t.scale->shape);
+        out += '}';
+      }
+      out += ",\"shape\":";
+      AppendJsonIntArray(&out, t.shape);
+      if (t.tp) {
+        out += ",\"tp\":{\"dim\":";
+        AppendJsonInt(&out, t.tp->dim);
+        out += ",\"rank\":";
+        AppendJsonInt(&out, t.tp->rank);
+        out += ",\"size\":";
+        AppendJsonInt(&out, t.tp->size);
+        out += '}';
+      }
+      out += '}';
+    }
+    out += "]}";
+  }
+  out += "],\"schema\":";
+  AppendJsonString(&out, kInferenceSchema);
+  out += '}';
+  return out;
 }
 
 }  // namespace wsync

@@ -41,6 +41,18 @@ void AppendJsonIntArray(std::string* out, const Container& values) {
 // on: a plan or slice is served whole or not at all, never half-written.
 void AppendJsonString(std::string* out, std::string_view s);
 
+template <typename Container>
+void AppendJsonStringArray(std::string* out, const Container& values) {
+  *out += '[';
+  bool first = true;
+  for (const auto& v : values) {
+    if (!first) *out += ',';
+    first = false;
+    AppendJsonString(out, v);
+  }
+  *out += ']';
+}
+
 // `head`, an object, as dump() writes it, with one more member `key` whose
 // value is the JSON text `raw`, in its sorted place among head's keys.
 std::string ObjectTextWith(const nlohmann::json& head, std::string_view key, std::string_view raw);

@@ -49,6 +49,10 @@ StatusOr<MappingSpec> ParseMappingSpecFromFile(const std::string& path,
 // Inverse of the parsers: Parse(ToJson(x)) == x.
 nlohmann::json ToJson(const TrainerSpec& spec);
 nlohmann::json ToJson(const InferenceSpec& spec);
+// ToJson(spec).dump(), written without the tree (the controller persists
+// and compares worlds of tens of MB; routing/json_text.h).
+std::string ToJsonText(const TrainerSpec& spec);
+std::string ToJsonText(const InferenceSpec& spec);
 nlohmann::json ToJson(const MappingSpec& spec);
 
 // Writes through a temp file and rename (nothing half-written). indent < 0

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "routing/json_reader.h"
+#include "routing/json_text.h"
 #include "routing/spec_io.h"
 #include "routing/validate.h"
 
@@ -176,6 +177,79 @@ json ToJson(const TrainerSpec& spec) {
   }
   return {{"schema", kTrainerSchema}, {"mesh_groups", std::move(groups)},
           {"ranks", std::move(ranks)}};
+}
+
+std::string ToJsonText(const TrainerSpec& spec) {
+  std::string out;
+  out += "{\"mesh_groups\":[";
+  for (size_t i = 0; i < spec.mesh_groups.size(); ++i) {
+    const MeshGroupSpec& g = spec.mesh_groups[i];
+    if (i > 0) out += ',';
+    out += "{\"gather_dims\":";
+    AppendJsonStringArray(&out, g.gather_dims);
+    out += ",\"mesh\":";
+    AppendJsonString(&out, g.mesh);
+    out += ",\"name\":";
+    AppendJsonString(&out, g.name);
+    out += '}';
+  }
+  out += "],\"ranks\":[";
+  for (size_t ri = 0; ri < spec.ranks.size(); ++ri) {
+    const TrainerRank& rank = spec.ranks[ri];
+    if (ri > 0) out += ',';
+    out += "{\"gpu\":";
+    AppendJsonInt(&out, rank.gpu);
+    out += ",\"host\":";
+    AppendJsonString(&out, rank.host);
+    out += ",\"meshes\":[";
+    for (size_t i = 0; i < rank.meshes.size(); ++i) {
+      const MeshCoord& m = rank.meshes[i];
+      if (i > 0) out += ',';
+      out += "{\"coord\":";
+      AppendJsonIntArray(&out, m.coord);
+      out += ",\"dim_names\":";
+      AppendJsonStringArray(&out, m.dim_names);
+      out += ",\"mesh\":";
+      AppendJsonString(&out, m.mesh);
+      out += ",\"shape\":";
+      AppendJsonIntArray(&out, m.shape);
+      out += '}';
+    }
+    out += "],\"nic\":";
+    AppendJsonInt(&out, rank.nic);
+    out += ",\"params\":[";
+    for (size_t i = 0; i < rank.params.size(); ++i) {
+      const TrainerParam& p = rank.params[i];
+      if (i > 0) out += ',';
+      out += "{\"dtype\":";
+      AppendJsonString(&out, DTypeName(p.dtype));
+      out += ",\"global_shape\":";
+      AppendJsonIntArray(&out, p.global_shape);
+      out += ",\"local_offset\":";
+      AppendJsonIntArray(&out, p.local_offset);
+      out += ",\"local_shape\":";
+      AppendJsonIntArray(&out, p.local_shape);
+      out += ",\"mesh\":";
+      AppendJsonString(&out, p.mesh);
+      out += ",\"mesh_group\":";
+      AppendJsonString(&out, p.mesh_group);
+      out += ",\"name\":";
+      AppendJsonString(&out, p.name);
+      out += ",\"placements\":[";
+      for (size_t k = 0; k < p.placements.size(); ++k) {
+        if (k > 0) out += ',';
+        AppendJsonString(&out, PlacementToString(p.placements[k]));
+      }
+      out += "]}";
+    }
+    out += "],\"rank\":";
+    AppendJsonInt(&out, rank.rank);
+    out += '}';
+  }
+  out += "],\"schema\":";
+  AppendJsonString(&out, kTrainerSchema);
+  out += '}';
+  return out;
 }
 
 }  // namespace wsync

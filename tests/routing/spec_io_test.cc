@@ -49,6 +49,37 @@ TEST(SpecIoTest, FixturesLoadAndRoundTrip) {
   EXPECT_EQ(ToJson(*m2), ToJson(*mapping));
 }
 
+// The controller writes worlds as text (ToJsonText); it must be the tree's
+// own dump, byte for byte, with every optional field and escaped names.
+TEST(SpecIoTest, SpecTextIsTheTreesDumpByteForByte) {
+  auto trainer = ParseTrainerSpecFromFile(Data("tiny_trainer.json"));
+  auto inference = ParseInferenceSpecFromFile(Data("tiny_inference.json"));
+  ASSERT_TRUE(trainer.ok() && inference.ok());
+  EXPECT_EQ(ToJsonText(*trainer), ToJson(*trainer).dump());
+  EXPECT_EQ(ToJsonText(*inference), ToJson(*inference).dump());
+
+  TrainerSpec t = *trainer;
+  t.ranks.at(0).host = "h\u00e9\"";
+  t.ranks.at(0).params.at(0).name = "p\\\t";
+  t.mesh_groups.at(0).gather_dims.push_back("e\"p");
+  EXPECT_EQ(ToJsonText(t), ToJson(t).dump());
+
+  InferenceSpec in = *inference;
+  InferenceTensor& x = in.ranks.at(0).tensors.at(0);
+  x.name = "t\"\u00e9";
+  x.tp = TpSlice{1, 0, 2};
+  x.experts = ExpertRange{4, 8};
+  x.scale = ScaleTensor{};
+  x.scale->name = "t_scale";
+  x.scale->shape = {3, 5};
+  x.scale->dtype = DType::kFP32;
+  x.scale->where = {"r\u00e9", 4096};
+  in.ranks.at(0).tensors.at(1).tp.reset();
+  in.ranks.at(0).tensors.at(1).scale.reset();
+  in.ranks.at(0).regions.at(0).descriptor = "d\x01\"";
+  EXPECT_EQ(ToJsonText(in), ToJson(in).dump());
+}
+
 TEST(SpecIoTest, MalformedJsonNamesFileAndPosition) {
   const std::string path = ::testing::TempDir() + "/broken_trainer.json";
   std::ofstream(path) << "{\"schema\": \"wsync.trainer/v1\",\n \"ranks\": [1, 2,]}";
