@@ -387,7 +387,7 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
   return RegisterReplyLocked(role, rank);
 }
 
-StatusOr<json> Controller::RegisterTrainer(const json& body) {
+StatusOr<json> Controller::RegisterTrainer(json body) {
   std::unique_lock<std::mutex> lock(mu_);
   WaitCommitLocked(lock);
   TickLocked(Clock::now());
@@ -413,7 +413,7 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
     old = TrainerRegistration{peek, *it->second, trainers_.mesh_groups()};
     trainers_.Remove(peek);
   }
-  StatusOr<TrainerRegistration> reg = trainers_.Check(body);
+  StatusOr<TrainerRegistration> reg = trainers_.Check(std::move(body));  // body is not read after
   if (!reg.ok()) {
     if (old) trainers_.Add(*old);
     RecordErrorLocked(Role::kTrainer, peek, reg.status().message());
@@ -447,7 +447,7 @@ StatusOr<json> Controller::RegisterTrainer(const json& body) {
   return RegisterReplyLocked(Role::kTrainer, rank);
 }
 
-StatusOr<json> Controller::RegisterInference(const json& body) {
+StatusOr<json> Controller::RegisterInference(json body) {
   // An inference rank is checked on its own (the strict loader and
   // validator), so without the lock.
   StatusOr<int32_t> rank = CheckInferenceRegistration(body, options_.inference);
@@ -467,7 +467,7 @@ StatusOr<json> Controller::RegisterInference(const json& body) {
   }
   RankJson old;
   if (auto it = inference_ranks_.find(*rank); it != inference_ranks_.end()) old = it->second;
-  const RankJson mine = std::make_shared<const json>(body);
+  const RankJson mine = std::make_shared<const json>(std::move(body));
   inference_ranks_[*rank] = mine;
   ++registrations_gen_;
   Log("registered inference rank " + std::to_string(*rank) + " (" +

@@ -75,8 +75,8 @@ class Controller {
   // Registrations: `body` as in docs/CONTROL_PLANE.md. InvalidArgument for
   // metadata that does not fit (one line naming rank and tensor; also kept
   // in Status()), FailedPrecondition for a change after the plan exists.
-  StatusOr<nlohmann::json> RegisterTrainer(const nlohmann::json& body);
-  StatusOr<nlohmann::json> RegisterInference(const nlohmann::json& body);
+  StatusOr<nlohmann::json> RegisterTrainer(nlohmann::json body);
+  StatusOr<nlohmann::json> RegisterInference(nlohmann::json body);
 
   // A rank's plan slice, waiting up to `wait` for the world. While the world
   // is incomplete: FailedPrecondition naming the missing ranks.

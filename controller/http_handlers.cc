@@ -74,7 +74,7 @@ StatusOr<uint64_t> ParseVersion(const std::string& s) {
 
 StatusOr<json> HandleRegister(Controller& c, Role role, const std::string& path, const std::string& text) {
   WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
-  return role == Role::kTrainer ? c.RegisterTrainer(body) : c.RegisterInference(body);
+  return role == Role::kTrainer ? c.RegisterTrainer(std::move(body)) : c.RegisterInference(std::move(body));
 }
 
 StatusOr<json> HandlePlan(Controller& c, const std::string& role_text, const std::string& rank_text,

@@ -1,6 +1,7 @@
 #include "controller/registration.h"
 
 #include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "routing/chunking.h"
@@ -24,25 +25,39 @@ bool IsIntArray(const json& j) {
 }
 
 // The facts of a tensor every rank of its mesh must report identically.
-json TensorFactsOf(const json& param) {
-  json facts = json::object();
-  for (const char* key : {"global_shape", "mesh", "placements", "mesh_group"})
-    facts[key] = param.contains(key) ? param[key] : json();
-  // Spellings differ ("bfloat16" vs "bf16"); compare the type, not the text.
-  facts["dtype"] = param.contains("dtype") ? param["dtype"] : json();
-  if (facts["dtype"].is_string()) {
-    if (auto d = ParseDType(facts["dtype"].get<std::string>()))
-      facts["dtype"] = std::string(DTypeName(*d));
-  }
-  return facts;
+constexpr const char* kTensorFacts[] = {"dtype", "global_shape", "mesh", "mesh_group", "placements"};
+
+const json& EmptyArray() {
+  static const json kEmpty = json::array();
+  return kEmpty;
+}
+
+const json& Member(const json& obj, const char* key) {
+  static const json kNull;
+  auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
+}
+
+// One fact as compared; dtype spellings differ ("bfloat16" vs "bf16"):
+// compare the type, not the text.
+json FactOf(const json& param, const char* key) {
+  const json& v = Member(param, key);
+  if (std::string_view(key) == "dtype" && v.is_string())
+    if (auto d = ParseDType(v.get_ref<const std::string&>())) return std::string(DTypeName(*d));
+  return v;
+}
+
+bool SameFact(const json& a, const json& b, const char* key) {
+  if (std::string_view(key) != "dtype") return Member(a, key) == Member(b, key);  // no copies
+  return FactOf(a, key) == FactOf(b, key);
 }
 
 // Checks local_shape/local_offset against the torch.chunk shard, when the
 // inputs are well formed; malformed inputs are left to the strict loader.
 Status CheckLocalShard(const std::string& where, const json& param, const json& mesh) {
-  if (!IsIntArray(param.value("global_shape", json())) || !IsIntArray(param.value("local_shape", json())) ||
-      !IsIntArray(param.value("local_offset", json())) || !param.value("placements", json()).is_array() ||
-      !IsIntArray(mesh.value("shape", json())) || !IsIntArray(mesh.value("coord", json())))
+  if (!IsIntArray(Member(param, "global_shape")) || !IsIntArray(Member(param, "local_shape")) ||
+      !IsIntArray(Member(param, "local_offset")) || !Member(param, "placements").is_array() ||
+      !IsIntArray(Member(mesh, "shape")) || !IsIntArray(Member(mesh, "coord")))
     return Status::Ok();
   const Shape global = param["global_shape"].get<Shape>();
   const Shape mesh_shape = mesh["shape"].get<Shape>();
@@ -83,7 +98,7 @@ Status CheckLocalShard(const std::string& where, const json& param, const json& 
 
 }  // namespace
 
-StatusOr<TrainerRegistration> TrainerRegistry::Check(const json& body) const {
+StatusOr<TrainerRegistration> TrainerRegistry::Check(json body) const {
   if (!body.is_object()) return InvalidArgument("trainer registration: body is not a JSON object");
   if (!body.contains("rank") || !body["rank"].is_number_integer())
     return InvalidArgument("trainer registration: missing integer 'rank'");
@@ -97,14 +112,12 @@ StatusOr<TrainerRegistration> TrainerRegistry::Check(const json& body) const {
   const std::string where = TrainerWhere(reg.rank);
   if (!body.contains("mesh_groups") || !body["mesh_groups"].is_array())
     return InvalidArgument(where + ": missing 'mesh_groups' (the trainer's wsync.trainer/v1 mesh_groups)");
-  reg.mesh_groups = body["mesh_groups"];
-  reg.rank_json = body;
-  reg.rank_json.erase("mesh_groups");
-  if (!mesh_groups_.is_null() && reg.mesh_groups != mesh_groups_)
-    return InvalidArgument(where + ": mesh_groups " + reg.mesh_groups.dump() +
+  if (!mesh_groups_.is_null() && body["mesh_groups"] != mesh_groups_)
+    return InvalidArgument(where + ": mesh_groups " + body["mesh_groups"].dump() +
                            " differ from " + mesh_groups_.dump() + " registered by other ranks");
-  const json meshes = body.value("meshes", json::array());
-  const json params = body.value("params", json::array());
+  // Absent is empty; references, never copies, of what may be 100 KB.
+  const json& meshes = Member(body, "meshes").is_null() ? EmptyArray() : Member(body, "meshes");
+  const json& params = Member(body, "params").is_null() ? EmptyArray() : Member(body, "params");
   if (!meshes.is_array() || !params.is_array())
     return InvalidArgument(where + ": 'meshes' and 'params' must be arrays");
 
@@ -112,54 +125,58 @@ StatusOr<TrainerRegistration> TrainerRegistry::Check(const json& body) const {
   for (const json& m : meshes) {
     if (!m.is_object() || !m.contains("mesh") || !m["mesh"].is_string())
       return InvalidArgument(where + ": every entry of 'meshes' needs a string 'mesh'");
-    const std::string id = m["mesh"].get<std::string>();
+    const std::string& id = m["mesh"].get_ref<const std::string&>();
     own_meshes[id] = &m;
     auto it = meshes_.find(id);
     if (it == meshes_.end()) continue;
     const MeshFacts& f = it->second;
     const std::string mw = where + ": mesh '" + id + "'";
-    if (m.value("shape", json()) != f.shape)
-      return InvalidArgument(mw + ": shape " + m.value("shape", json()).dump() + " differs from " +
+    if (Member(m, "shape") != f.shape)
+      return InvalidArgument(mw + ": shape " + Member(m, "shape").dump() + " differs from " +
                              f.shape.dump() + " on " + TrainerWhere(f.rank));
-    if (m.value("dim_names", json()) != f.dim_names)
-      return InvalidArgument(mw + ": dim_names " + m.value("dim_names", json()).dump() + " differ from " +
+    if (Member(m, "dim_names") != f.dim_names)
+      return InvalidArgument(mw + ": dim_names " + Member(m, "dim_names").dump() + " differ from " +
                              f.dim_names.dump() + " on " + TrainerWhere(f.rank));
-    auto c = f.coords.find(m.value("coord", json()).dump());
+    auto c = f.coords.find(Member(m, "coord").dump());
     if (c != f.coords.end())
-      return InvalidArgument(mw + ": coord " + m.value("coord", json()).dump() + " is already taken by " +
+      return InvalidArgument(mw + ": coord " + Member(m, "coord").dump() + " is already taken by " +
                              TrainerWhere(c->second) + "; every rank needs its own coordinate");
   }
 
   for (const json& p : params) {
     if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
       return InvalidArgument(where + ": every entry of 'params' needs a string 'name'");
-    const std::string tw = where + ": tensor '" + p["name"].get<std::string>() + "'";
-    const json facts = TensorFactsOf(p);
-    auto it = tensors_.find(p["name"].get<std::string>());
-    if (it != tensors_.end() && facts != it->second.facts) {
-      for (auto& [key, value] : facts.items()) {
-        if (value != it->second.facts[key])
-          return InvalidArgument(tw + ": " + key + " " + value.dump() + " differs from " +
-                                 it->second.facts[key].dump() + " on " + TrainerWhere(it->second.rank) +
-                                 "; every rank must report the same tensor metadata");
+    const std::string& name = p["name"].get_ref<const std::string&>();
+    auto it = tensors_.find(name);
+    if (it != tensors_.end()) {
+      for (const char* key : kTensorFacts) {
+        if (SameFact(p, *it->second.param, key)) continue;
+        return InvalidArgument(where + ": tensor '" + name + "': " + key + " " + FactOf(p, key).dump() +
+                               " differs from " + FactOf(*it->second.param, key).dump() + " on " +
+                               TrainerWhere(it->second.rank) + "; every rank must report the same tensor metadata");
       }
     }
-    if (p.contains("mesh") && p["mesh"].is_string()) {
-      auto m = own_meshes.find(p["mesh"].get<std::string>());
+    const json& mesh = Member(p, "mesh");
+    if (mesh.is_string()) {
+      auto m = own_meshes.find(mesh.get_ref<const std::string&>());
       if (m == own_meshes.end())
-        return InvalidArgument(tw + ": mesh '" + p["mesh"].get<std::string>() +
+        return InvalidArgument(where + ": tensor '" + name + "': mesh '" + mesh.get_ref<const std::string&>() +
                                "' is not among this rank's 'meshes'");
-      WSYNC_RETURN_IF_ERROR(CheckLocalShard(tw, p, *m->second));
+      WSYNC_RETURN_IF_ERROR(CheckLocalShard(where + ": tensor '" + name + "'", p, *m->second));
     }
   }
+  reg.mesh_groups = std::move(body["mesh_groups"]);
+  body.erase("mesh_groups");
+  reg.rank_json = std::move(body);
   return reg;
 }
 
 void TrainerRegistry::Add(TrainerRegistration reg) {
   if (ranks_.count(reg.rank)) Remove(reg.rank);
-  mesh_groups_ = reg.mesh_groups;
-  Index(reg.rank, reg.rank_json);
-  ranks_[reg.rank] = std::make_shared<const json>(std::move(reg.rank_json));
+  mesh_groups_ = std::move(reg.mesh_groups);
+  auto kept = std::make_shared<const json>(std::move(reg.rank_json));
+  Index(reg.rank, *kept);  // points into the kept document
+  ranks_[reg.rank] = std::move(kept);
 }
 
 void TrainerRegistry::Remove(int32_t rank) {
@@ -167,18 +184,23 @@ void TrainerRegistry::Remove(int32_t rank) {
 }
 
 void TrainerRegistry::Index(int32_t rank, const json& rank_json) {
-  for (const json& m : rank_json.value("meshes", json::array())) {
+  const json& meshes = Member(rank_json, "meshes").is_array() ? Member(rank_json, "meshes") : EmptyArray();
+  for (const json& m : meshes) {
     const std::string id = m.value("mesh", "");
     auto [it, inserted] = meshes_.try_emplace(id);
     if (inserted) {
       it->second.rank = rank;
-      it->second.shape = m.value("shape", json());
-      it->second.dim_names = m.value("dim_names", json());
+      it->second.shape = Member(m, "shape");
+      it->second.dim_names = Member(m, "dim_names");
     }
-    it->second.coords.emplace(m.value("coord", json()).dump(), rank);
+    it->second.coords.emplace(Member(m, "coord").dump(), rank);
   }
-  for (const json& p : rank_json.value("params", json::array()))
-    tensors_.try_emplace(p.value("name", ""), TensorFacts{rank, TensorFactsOf(p)});
+  const json& params = Member(rank_json, "params");
+  if (!params.is_array()) return;
+  for (const json& p : params) {
+    const json& name = Member(p, "name");
+    tensors_.try_emplace(name.is_string() ? name.get_ref<const std::string&>() : std::string(), TensorFacts{rank, &p});
+  }
 }
 
 void TrainerRegistry::Rebuild() {

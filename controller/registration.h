@@ -44,7 +44,8 @@ class TrainerRegistry {
   // Splits `body` and checks it against the ranks registered so far (a rank
   // registering again is checked against the others only). The error names
   // the rank and, for metadata, the tensor.
-  StatusOr<TrainerRegistration> Check(const nlohmann::json& body) const;
+  // Takes the body by value: the registration keeps it (move it in).
+  StatusOr<TrainerRegistration> Check(nlohmann::json body) const;
   // Adds (or replaces) a checked registration.
   void Add(TrainerRegistration reg);
   void Remove(int32_t rank);
@@ -54,8 +55,8 @@ class TrainerRegistry {
 
  private:
   struct TensorFacts {
-    int32_t rank;             // first registrant
-    nlohmann::json facts;     // global_shape, dtype (normalized), mesh, placements, mesh_group
+    int32_t rank;                // first registrant
+    const nlohmann::json* param; // its entry, inside ranks_ (which keeps it alive)
   };
   struct MeshFacts {
     int32_t rank;             // first registrant
