@@ -1,6 +1,7 @@
 #include "controller/registration.h"
 
 #include <cstdlib>
+#include <future>
 #include <string_view>
 #include <vector>
 
@@ -243,11 +244,19 @@ StatusOr<AssembledWorld> AssembleWorld(const RankJsons& trainer_ranks, const jso
   for (const auto& [rank, j] : trainer_ranks) trainers.push_back(j.get());
   for (const auto& [rank, j] : inference_ranks) inference.push_back(j.get());
 
+  // The two sides are independent: read at once (each ~0.4 s at Kimi-K2
+  // scale). Trainer errors first, as when read one after the other.
   AssembledWorld world;
-  WSYNC_ASSIGN_OR_RETURN(world.trainer, ParseTrainerSpec(mesh_groups, trainers, "trainer registrations"));
-  WSYNC_ASSIGN_OR_RETURN(world.inference, ParseInferenceSpec(inference, "inference registrations"));
-  world.trainer_text = ToJsonText(world.trainer);
-  world.inference_text = ToJsonText(world.inference);
+  std::future<StatusOr<InferenceSpec>> inference_spec = std::async(std::launch::async, [&] {
+    StatusOr<InferenceSpec> spec = ParseInferenceSpec(inference, "inference registrations");
+    if (spec.ok()) world.inference_text = ToJsonText(*spec);
+    return spec;
+  });
+  StatusOr<TrainerSpec> trainer_spec = ParseTrainerSpec(mesh_groups, trainers, "trainer registrations");
+  if (trainer_spec.ok()) world.trainer_text = ToJsonText(*trainer_spec);
+  StatusOr<InferenceSpec> inference_read = inference_spec.get();
+  WSYNC_ASSIGN_OR_RETURN(world.trainer, std::move(trainer_spec));
+  WSYNC_ASSIGN_OR_RETURN(world.inference, std::move(inference_read));
   return world;
 }
 

@@ -75,6 +75,7 @@ class StateStore {
   const std::string& dir() const { return dir_; }
 
  private:
+  Status SaveWorldFile(const WorldToSave& world) const;  // world.json alone
   std::string Path(const char* name) const;
   std::string dir_;
 };
