@@ -128,20 +128,9 @@ int RunBenchController(const BenchControllerOptions& opt) {
       // Each agent serializes its registration on its own host before it
       // calls: done before the clock starts, timed apart.
       const Clock::time_point p0 = Clock::now();
-      std::string body;
-      if (trainer) {
-        TrainerSpec one;
-        one.mesh_groups = inputs->trainer.mesh_groups;
-        one.ranks.push_back(inputs->trainer.ranks[rank]);
-        json doc = ToJson(one);
-        json b = std::move(doc["ranks"][0]);
-        b["mesh_groups"] = std::move(doc["mesh_groups"]);
-        body = b.dump();
-      } else {
-        InferenceSpec one;
-        one.ranks.push_back(inputs->inference.ranks[rank]);
-        body = ToJson(one)["ranks"][0].dump();
-      }
+      const std::string body =
+          trainer ? controller::TrainerRegistrationText(inputs->trainer.ranks[rank], inputs->trainer.mesh_groups)
+                  : controller::InferenceRegistrationText(inputs->inference.ranks[rank]);
       prepare_s[i] = Since(p0);
       StatusOr<controller::ControllerClient> client = controller::ControllerClient::FromAddress(*address, co);
       ready.fetch_add(1);

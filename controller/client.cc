@@ -175,23 +175,33 @@ StatusOr<json> ControllerClient::AnswerJson(const std::string& method, const std
   return j;
 }
 
-StatusOr<json> ControllerClient::RegisterTrainer(const TrainerRank& rank,
-                                                 const std::vector<MeshGroupSpec>& mesh_groups) {
+std::string TrainerRegistrationText(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups) {
   TrainerSpec one;
   one.mesh_groups = mesh_groups;
   one.ranks.push_back(rank);
-  const json doc = ToJson(one);
-  json body = doc["ranks"][0];
-  body["mesh_groups"] = doc["mesh_groups"];
-  return RegisterTrainerJson(body);
+  json doc = ToJson(one);
+  json body = std::move(doc["ranks"][0]);
+  body["mesh_groups"] = std::move(doc["mesh_groups"]);
+  return body.dump();
 }
 
-StatusOr<json> ControllerClient::RegisterTrainerJson(const json& body) { return RegisterText(Role::kTrainer, body.dump()); }
-
-StatusOr<json> ControllerClient::RegisterInference(const InferenceRank& rank) {
+std::string InferenceRegistrationText(const InferenceRank& rank) {
   InferenceSpec one;
   one.ranks.push_back(rank);
-  return RegisterInferenceJson(ToJson(one)["ranks"][0]);
+  return ToJson(one)["ranks"][0].dump();
+}
+
+StatusOr<json> ControllerClient::RegisterTrainer(const TrainerRank& rank,
+                                                 const std::vector<MeshGroupSpec>& mesh_groups) {
+  return RegisterText(Role::kTrainer, TrainerRegistrationText(rank, mesh_groups));
+}
+
+StatusOr<json> ControllerClient::RegisterTrainerJson(const json& body) {
+  return RegisterText(Role::kTrainer, body.dump());
+}
+
+StatusOr<json> ControllerClient::RegisterInference(const InferenceRank& rank) {
+  return RegisterText(Role::kInference, InferenceRegistrationText(rank));
 }
 
 StatusOr<json> ControllerClient::RegisterInferenceJson(const json& body) {

@@ -191,6 +191,10 @@ class ControllerClient {
 
 StatusOr<VersionStatus> ParseVersionStatus(const nlohmann::json& j);
 
+// The registration bodies RegisterTrainer and RegisterInference send.
+std::string TrainerRegistrationText(const TrainerRank& rank, const std::vector<MeshGroupSpec>& mesh_groups);
+std::string InferenceRegistrationText(const InferenceRank& rank);
+
 // A plan slice as GET /v1/plan answers it (the text of FetchPlanText).
 StatusOr<TrainerPlanSlice> ParseTrainerPlanSlice(const std::string& text);
 StatusOr<InferencePlanSlice> ParseInferencePlanSlice(const std::string& text);
