@@ -70,10 +70,10 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
       flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
   if (!client.ok()) return fail(client.status());
 
-  std::optional<CudaIpcExport> ipc;
+  std::optional<cuda_ipc::Export> ipc;
   if (!flags.cuda_ipc.empty()) {
     if (flags.shadow) return fail(InvalidArgument("--shadow with --cuda-ipc: not supported (the shadow is host memory)"));
-    StatusOr<CudaIpcExport> read = ReadCudaIpcExport(flags.cuda_ipc, *rank);
+    StatusOr<cuda_ipc::Export> read = ReadCudaIpcExport(flags.cuda_ipc, *rank);
     if (!read.ok()) return fail(read.status());
     ipc = std::move(read).value();
   }

@@ -1,71 +1,53 @@
 #include "inference_agent/cuda_ipc.h"
 
-#include <algorithm>
-#include <map>
-#include <optional>
-#include <set>
-
-#include "common/hex.h"
-#include "routing/json_reader.h"
+#include "cuda_ipc/mappings.h"
 
 namespace wsync::inference {
-StatusOr<CudaIpcExport> ReadCudaIpcExport(const std::string& path, const InferenceRank& rank) {
-  WSYNC_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(path));
-  if (!doc.is_object() || doc.value("schema", std::string()) != kCudaIpcSchema) {
-    return InvalidArgument(path + ": not a " + std::string(kCudaIpcSchema) + " document (its 'schema')");
+namespace {
+
+class CudaIpcWeights : public WeightMemory {
+ public:
+  CudaIpcWeights(WeightStore store, int64_t pid, std::unique_ptr<cuda_ipc::Mappings> mappings)
+      : store_(std::move(store)), pid_(pid), mappings_(std::move(mappings)) {
+    for (const cuda_ipc::Mapped& m : mappings_->regions()) {
+      regions_.push_back(Region{m.id, m.data, m.bytes, transport::MemoryKind::kCuda, m.device});
+    }
   }
-  const auto regions = doc.find("regions");
-  if (regions == doc.end() || !regions->is_array()) return InvalidArgument(path + ": no 'regions' array");
-  std::map<std::string, CudaIpcRegion> by_id;
-  for (size_t i = 0; i < regions->size(); ++i) {
-    const nlohmann::json& r = (*regions)[i];
-    const std::string where = path + ": regions[" + std::to_string(i) + "]";
-    if (!r.is_object() || !r.contains("id") || !r["id"].is_string()) return InvalidArgument(where + ": no string 'id'");
-    CudaIpcRegion out;
-    out.id = r["id"].get<std::string>();
-    const std::string named = path + ": region '" + out.id + "'";
-    for (const char* key : {"device", "offset", "bytes"}) {
-      if (!r.contains(key) || !r[key].is_number_integer() || r[key].get<int64_t>() < 0) {
-        return InvalidArgument(named + ": '" + key + "' must be a non-negative integer");
-      }
-    }
-    out.device = r["device"].get<int>();
-    if (r.contains("pci_bus_id")) {
-      if (!r["pci_bus_id"].is_string()) return InvalidArgument(named + ": 'pci_bus_id' must be a string");
-      out.pci_bus_id = r["pci_bus_id"].get<std::string>();
-    }
-    out.offset = r["offset"].get<uint64_t>();
-    out.bytes = r["bytes"].get<uint64_t>();
-    const std::string hex = r.value("handle", std::string());
-    if (hex.size() != 2 * kCudaIpcHandleBytes) {
-      return InvalidArgument(named + ": 'handle' must be " + std::to_string(2 * kCudaIpcHandleBytes) +
-                             " hex digits (a cudaIpcMemHandle_t), got " + std::to_string(hex.size()) + " characters");
-    }
-    const std::optional<std::string> handle = HexToBytes(hex);
-    if (!handle.has_value()) return InvalidArgument(named + ": 'handle' is not hex");
-    std::copy(handle->begin(), handle->end(), out.handle.begin());
-    if (!by_id.emplace(out.id, out).second) return InvalidArgument(named + ": given twice");
+
+  std::string name() const override {
+    return std::to_string(regions_.size()) + " CUDA tensors of process " + std::to_string(pid_) + " (versions in '" +
+           store_.name() + "')";
   }
-  CudaIpcExport ipc;
-  ipc.pid = doc.value("pid", int64_t{0});
-  for (const MemoryRegion& want : rank.regions) {
-    auto it = by_id.find(want.id);
-    if (it == by_id.end()) {
-      return NotFound(path + ": inference rank " + std::to_string(rank.rank) + "'s region '" + want.id +
-                      "' is not exported");
-    }
-    if (it->second.bytes != want.size) {
-      return InvalidArgument(path + ": region '" + want.id + "' is " + std::to_string(it->second.bytes) +
-                             " bytes, the layout says " + std::to_string(want.size));
-    }
-    ipc.regions.push_back(it->second);
-    by_id.erase(it);
+  const std::vector<Region>& regions() const override { return regions_; }
+  uint64_t complete_version() const override { return store_.complete_version(); }
+  uint64_t failed_version() const override { return store_.failed_version(); }
+  bool MarkComplete(uint64_t v) override { return store_.MarkComplete(v); }
+  void MarkFailed(uint64_t v) override { store_.MarkFailed(v); }
+  Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const override {
+    if (offset > r.size || bytes > r.size - offset) return WeightMemory::Read(r, offset, bytes, out);  // its error
+    Status s = cuda_ipc::Mappings::CopyToHost(r.device, r.data + offset, bytes, out);
+    if (!s.ok()) return s.WithContext(name() + ": region '" + r.id + "'");
+    return Status::Ok();
   }
-  if (!by_id.empty()) {
-    return InvalidArgument(path + ": region '" + by_id.begin()->first + "' is not in inference rank " +
-                           std::to_string(rank.rank) + "'s layout");
-  }
-  return ipc;
+
+ private:
+  WeightStore store_;
+  int64_t pid_;
+  std::unique_ptr<cuda_ipc::Mappings> mappings_;
+  std::vector<Region> regions_;
+};
+
+}  // namespace
+
+StatusOr<cuda_ipc::Export> ReadCudaIpcExport(const std::string& path, const InferenceRank& rank) {
+  std::vector<cuda_ipc::Expected> expected;
+  for (const MemoryRegion& r : rank.regions) expected.push_back({r.id, r.size});
+  return cuda_ipc::ReadFile(path, expected, "inference rank " + std::to_string(rank.rank));
+}
+
+StatusOr<std::unique_ptr<WeightMemory>> OpenCudaIpcWeights(const cuda_ipc::Export& ipc, WeightStore store) {
+  WSYNC_ASSIGN_OR_RETURN(std::unique_ptr<cuda_ipc::Mappings> mappings, cuda_ipc::Mappings::Open(ipc));
+  return std::unique_ptr<WeightMemory>(new CudaIpcWeights(std::move(store), ipc.pid, std::move(mappings)));
 }
 
 }  // namespace wsync::inference

@@ -43,14 +43,14 @@ class CudaIpcExportTest : public ::testing::Test {
     return doc;
   }
   std::string Error(const nlohmann::json& doc) {
-    StatusOr<CudaIpcExport> r = ReadCudaIpcExport(Write(doc), TwoRegionRank());
+    StatusOr<cuda_ipc::Export> r = ReadCudaIpcExport(Write(doc), TwoRegionRank());
     return r.ok() ? "OK" : r.status().message();
   }
   std::string path_ = "/tmp/wsync-cuda-ipc-test-" + std::to_string(getpid()) + ".json";
 };
 
 TEST_F(CudaIpcExportTest, RegionsComeInTheLayoutsOrderWithTheirHandleBytes) {
-  StatusOr<CudaIpcExport> r = ReadCudaIpcExport(Write(Valid()), TwoRegionRank());
+  StatusOr<cuda_ipc::Export> r = ReadCudaIpcExport(Write(Valid()), TwoRegionRank());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->pid, 77);
   ASSERT_EQ(r->regions.size(), 2u);
@@ -61,7 +61,7 @@ TEST_F(CudaIpcExportTest, RegionsComeInTheLayoutsOrderWithTheirHandleBytes) {
   EXPECT_EQ(r->regions[1].handle[0], 0xAA);
   EXPECT_EQ(r->regions[1].handle[63], 0xAA);
   EXPECT_EQ(r->regions[1].pci_bus_id, "");
-  StatusOr<CudaIpcExport> bus = ReadCudaIpcExport(Write(WithBusId()), TwoRegionRank());
+  StatusOr<cuda_ipc::Export> bus = ReadCudaIpcExport(Write(WithBusId()), TwoRegionRank());
   ASSERT_TRUE(bus.ok()) << bus.status().ToString();
   EXPECT_EQ(bus->regions[1].pci_bus_id, "0000:18:00.0");  // model.b.weight, first in the file
 }
@@ -103,7 +103,7 @@ TEST_F(CudaIpcExportTest, EveryMismatchIsOneLineNamingTheRegion) {
 // Handles no process exported (or no GPU here, or a build without CUDA):
 // refused in one line, nothing registered.
 TEST_F(CudaIpcExportTest, HandlesThatCannotBeOpenedAreRefusedInOneLine) {
-  StatusOr<CudaIpcExport> ipc = ReadCudaIpcExport(Write(Valid()), TwoRegionRank());
+  StatusOr<cuda_ipc::Export> ipc = ReadCudaIpcExport(Write(Valid()), TwoRegionRank());
   ASSERT_TRUE(ipc.ok()) << ipc.status().ToString();
   InferenceRank rank = TwoRegionRank();
   rank.tensors.clear();
