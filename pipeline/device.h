@@ -68,8 +68,13 @@ class DeviceOps {
   // (its codes must not be sent).
   virtual Status Synchronize(std::vector<bool>* nonfinite) = 0;
   // Copies `bytes` of device memory to the host and returns once they are
-  // there; called only after Synchronize (for checksums of written bytes).
+  // there; called only after Synchronize (for checksums of written bytes,
+  // and by collectives that go through host memory, staged_group.h).
   virtual Status ReadBack(void* host, const void* src, uint64_t bytes) = 0;
+  // Host memory into device memory, after everything issued above, and
+  // returns once the bytes are there: the caller may reuse `host` at once
+  // (staged_group.h, whose host buffers serve the next collective).
+  virtual Status CopyFromHost(void* dst, const void* host, uint64_t bytes) = 0;
 
   // Host staging. Page-locked host memory (the arena's mirror), so that
   // copies into it run asynchronously; freed by FreeHost.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime.h>
 
@@ -21,5 +22,13 @@ namespace wsync {
 // holds a NaN or an infinity: its codes are meaningless and must not be sent.
 cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
                                   float* scale_inv, cudaStream_t stream, int* nonfinite = nullptr);
+
+// Runs the kernel on the current device (on `stream`) over two stacked
+// [200, 264] matrices (partial blocks) of values that test the rounding
+// (signed zeros, a block of tiny values, huge ones, subnormals) and compares
+// it byte for byte with pipeline/fp8.h's CPU reference: "" when they agree,
+// else why not (a GPU or toolkit the kernel was never checked on). Callers
+// check once per device before the kernel quantizes any weight.
+std::string Fp8KernelDisagreement(cudaStream_t stream);
 
 }  // namespace wsync

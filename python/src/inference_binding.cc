@@ -188,7 +188,7 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
-  StatusOr<transport::fabric::GpuMemory> want = GpuMemoryForStaging(s->config_.staging);
+  StatusOr<transport::fabric::GpuMemory> want = transport::fabric::GpuMemoryForStaging(s->config_.staging);
   if (!want.ok()) return want.status().WithContext(me);
   const bool gpu = std::any_of(regions.begin(), regions.end(),
                                [](const auto& r) { return r.kind == transport::MemoryKind::kCuda; });

@@ -269,17 +269,18 @@ PYBIND11_MODULE(_C, m) {
   // The sidecar route's trainer side: shards in shared memory for a
   // `wsync trainer-agent` process (trainer_agent/shard_export.h).
   py::class_<trainer_agent::ShardExport>(m, "ShardExport")
-      .def(py::init([](const std::string& job, const std::string& spec_json, int32_t rank) {
+      .def(py::init([](const std::string& job, const std::string& spec_json, int32_t rank, bool cuda_ipc) {
              const nlohmann::json doc = ParseJson(spec_json, "trainer spec");
              TrainerSpec spec = Take(ParseTrainerSpec(doc, "wsync.export_shards"));
              for (const TrainerRank& r : spec.ranks) {
                if (r.rank != rank) continue;
                std::string name = Take(trainer_agent::ShardRegionName(job, rank));
-               return Take(trainer_agent::ShardExport::Create(name, r));
+               return Take(trainer_agent::ShardExport::Create(
+                   name, r, cuda_ipc ? trainer_agent::ShardPlacement::kCudaIpc : trainer_agent::ShardPlacement::kInRegion));
              }
              Raise(NotFound("wsync.export_shards: no trainer rank " + std::to_string(rank) + " in the spec"));
            }),
-           py::arg("job"), py::arg("spec_json"), py::arg("rank"))
+           py::arg("job"), py::arg("spec_json"), py::arg("rank"), py::arg("cuda_ipc") = false)
       .def("tensor",
            [](const trainer_agent::ShardExport& e, const std::string& name) {
              trainer_agent::ShardTensor t = Take(e.Tensor(name));

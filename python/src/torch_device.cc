@@ -20,7 +20,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "pipeline/box_pack.h"
-#include "pipeline/fp8.h"
 #include "pipeline/fp8_cuda.h"
 #endif
 
@@ -184,47 +183,14 @@ class TorchCudaDevice : public DeviceOps {
   }
 
   // Once per device, before the kernel quantizes any weight: the kernel on
-  // this GPU against pipeline/fp8.h's CPU reference, byte for byte, on two
-  // stacked [200, 264] matrices (partial blocks) of values that test the
-  // rounding: signed zeros, a block of tiny values, huge ones, subnormals.
-  // Should they differ (a GPU or toolkit the kernel was never checked on),
-  // the slower ATen ops quantize instead, and the log says so once.
+  // this GPU against pipeline/fp8.h's CPU reference, byte for byte
+  // (fp8_cuda.h). Should they differ (a GPU or toolkit the kernel was never
+  // checked on), the slower ATen ops quantize instead, and the log says so
+  // once.
   bool KernelAgreesWithReference() {
-    constexpr int64_t kRows = 200, kCols = 264, kBatch = 2, kPer = kRows * kCols;
-    std::vector<uint16_t> x(kBatch * kPer);
-    uint32_t state = 12345;
-    for (size_t i = 0; i < x.size(); ++i) {
-      state = state * 1664525u + 1013904223u;
-      const uint16_t sign = (state >> 31) << 15;
-      const int64_t r = (i % kPer) / kCols, c = i % kCols;
-      uint16_t magnitude = static_cast<uint16_t>(0x3000 + (state >> 8) % 0x1400);  // 4e-10 .. 16
-      if (r < 128 && c < 128) magnitude = (i % 3 == 0) ? 0 : magnitude;                 // zeros, -0
-      if (r < 128 && c >= 128) magnitude = static_cast<uint16_t>(0x0080 + (state >> 8) % 0x100);  // ~1e-38
-      if (r >= 128 && c < 128 && i % 2 == 0) magnitude = static_cast<uint16_t>(1 + (state >> 8) % 0x7F);
-      if (r >= 128 && c >= 128 && i >= static_cast<size_t>(kPer)) {
-        magnitude = static_cast<uint16_t>(0x7E00 + (state >> 8) % 0x17F);  // up to the bf16 maximum
-      }
-      x[i] = sign | magnitude;
-    }
-    const int64_t grid = Fp8BlockCount(kRows) * Fp8BlockCount(kCols);
     std::string why;
     StatusOr<void*> r = Run("fp8 kernel check", [&]() -> void* {
-      at::Tensor dx = at::from_blob(x.data(), {kBatch * kPer}, at::TensorOptions().dtype(at::kShort)).to(device_);
-      at::Tensor dq = at::empty({kBatch * kPer}, Options(at::kByte));
-      at::Tensor ds = at::empty({kBatch * grid}, Options(at::kFloat));
-      const cudaError_t e = QuantizeFp8BlocksCuda(reinterpret_cast<const uint16_t*>(dx.data_ptr()), kBatch, kRows, kCols,
-                                                  dq.data_ptr<uint8_t>(), ds.data_ptr<float>(),
-                                                  c10::cuda::CUDAStream(stream_).stream(), nullptr);
-      if (e != cudaSuccess) throw std::runtime_error(std::string("kernel launch: ") + cudaGetErrorString(e));
-      at::Tensor q = dq.cpu(), sc = ds.cpu();
-      for (int64_t m = 0; m < kBatch && why.empty(); ++m) {
-        StatusOr<Fp8BlockTensor> want = QuantizeFp8Blocks({x.data() + m * kPer, kRows, kCols, kCols});
-        if (!want.ok()) throw std::runtime_error(want.status().ToString());
-        if (std::memcmp(q.data_ptr<uint8_t>() + m * kPer, want->q.data(), kPer) != 0) why = "fp8 codes differ";
-        if (std::memcmp(sc.data_ptr<float>() + m * grid, want->scale_inv.data(), grid * sizeof(float)) != 0) {
-          why = "scales differ";
-        }
-      }
+      why = Fp8KernelDisagreement(c10::cuda::CUDAStream(stream_).stream());
       return nullptr;
     });
     if (!r.ok()) why = r.status().message();
@@ -323,6 +289,15 @@ class TorchCudaDevice : public DeviceOps {
     }).status();
   }
 
+  Status CopyFromHost(void* dst, const void* host, uint64_t bytes) override {
+    return Run("copy from host", [&] {
+      Bytes(dst, bytes).copy_(at::from_blob(const_cast<void*>(host), {static_cast<int64_t>(bytes)},
+                                            at::TensorOptions().dtype(at::kByte).device(at::kCPU)));
+      stream_.synchronize();  // blocking: `host` may be reused on return
+      return nullptr;
+    }).status();
+  }
+
   Status ReadBack(void* host, const void* src, uint64_t bytes) override {
     return Run("read back", [&] {
       at::from_blob(host, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))
@@ -381,13 +356,6 @@ class TorchCudaDevice : public DeviceOps {
 };
 
 }  // namespace
-
-StatusOr<transport::fabric::GpuMemory> GpuMemoryForStaging(const std::string& staging) {
-  if (staging == "auto") return transport::fabric::GpuMemory::kDirectOrHost;
-  if (staging == "on") return transport::fabric::GpuMemory::kHost;
-  if (staging == "off") return transport::fabric::GpuMemory::kDirect;
-  return InvalidArgument("staging='" + staging + "': expected 'auto', 'on' or 'off'");
-}
 
 StatusOr<std::unique_ptr<PinnedHostMemory>> PinnedHostMemory::Allocate(uint64_t bytes) {
   std::unique_ptr<PinnedHostMemory> m(new PinnedHostMemory);

@@ -19,11 +19,6 @@ namespace wsync::python {
 // offload), so the copy stage is host-to-device.
 StatusOr<std::unique_ptr<DeviceOps>> MakeTorchCudaDevice(int ordinal, bool host_shards = false);
 
-// TrainerAgent/InferenceAgent(staging=...): "auto" sends GPU memory
-// directly where the transport can and stages through pinned host memory
-// otherwise, "on" always stages, "off" never does; InvalidArgument otherwise.
-StatusOr<transport::fabric::GpuMemory> GpuMemoryForStaging(const std::string& staging);
-
 // Page-locked host memory of exactly `bytes` (rounded to pages), for host
 // staging: mmap + cudaHostRegister where the extension was built with the
 // CUDA toolkit (torch's pinned allocator would round it up to a power of

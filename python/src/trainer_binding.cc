@@ -98,7 +98,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   fabric.provider = s->config_.provider;
   fabric.num_nics = s->config_.nics;
   fabric.node = s->config_.node;
-  StatusOr<transport::fabric::GpuMemory> want = GpuMemoryForStaging(s->config_.staging);
+  StatusOr<transport::fabric::GpuMemory> want = transport::fabric::GpuMemoryForStaging(s->config_.staging);
   if (!want.ok()) return want.status().WithContext(me);
   bool stage = false;
   if (s->config_.cuda_device >= 0) {

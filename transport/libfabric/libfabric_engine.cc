@@ -250,6 +250,13 @@ StatusOr<std::unique_ptr<Engine>> CreateLibfabricEngine(const LibfabricOptions& 
   return LibfabricEngine::Create(options);
 }
 
+StatusOr<GpuMemory> GpuMemoryForStaging(const std::string& staging) {
+  if (staging == "auto") return GpuMemory::kDirectOrHost;
+  if (staging == "on") return GpuMemory::kHost;
+  if (staging == "off") return GpuMemory::kDirect;
+  return InvalidArgument("staging='" + staging + "': expected 'auto', 'on' or 'off'");
+}
+
 StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options, GpuMemory want) {
   GpuEngine out;
   out.why_not = "host staging asked for";

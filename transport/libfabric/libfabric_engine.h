@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport/engine.h"
 #include "transport/libfabric/libfabric_options.h"
@@ -28,5 +29,9 @@ struct GpuEngine {
                              // libfabric cannot register CUDA memory (its Describe()), or not asked for
 };
 StatusOr<GpuEngine> CreateLibfabricEngineForGpu(LibfabricOptions options, GpuMemory want);
+
+// The user's word for it (Python's staging=, the sidecar's --staging):
+// "auto" kDirectOrHost, "on" kHost, "off" kDirect; else one InvalidArgument.
+StatusOr<GpuMemory> GpuMemoryForStaging(const std::string& staging);
 
 }  // namespace wsync::transport::fabric
