@@ -52,6 +52,14 @@ void AddTrainerAgentCommand(CLI::App& app) {
   cmd->add_option("--shm-timeout", flags->shm_timeout_s,
                   "seconds to wait for the trainer to export its shards (0: until stopped)")
       ->capture_default_str();
+  cmd->add_option("--cuda-ipc", flags->cuda_ipc,
+                  "wsync.cuda_ipc/v1 file from the trainer (wsync.export_shards of shards on a GPU): the shards are "
+                  "read in place on that GPU and the pipeline runs there");
+  cmd->add_option("--staging", flags->staging,
+                  "with --cuda-ipc: auto (writes straight from GPU memory where libfabric can register it, else "
+                  "through pinned host memory), on (always through host memory), off (directly or refuse)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->callback([flags] {
     const int rc = trainer_agent::RunTrainerAgentCommand(*flags);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -83,9 +83,6 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   fabric.node = flags.node;
   fabric.gpu = spec->rank.gpu;
   fabric.op_timeout = WriteTimeoutWithin(fabric.op_timeout, Ms(flags.gloo_timeout_s));
-  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
-  if (!engine.ok()) return fail(engine.status());
-
   TrainerAgentOptions options;
   options.executor.watermark_bytes = flags.watermark;
   options.executor.checksums = flags.checksums;
@@ -98,7 +95,26 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   options.log = LogLine;
   options.on_registered = [] { std::cout << "ready" << std::endl; };
   options.make_engine = [fabric] { return transport::fabric::CreateLibfabricEngine(fabric); };
-  Status s = RunTrainerAgent(spec->rank, spec->mesh_groups, shm_name, *engine, *client, options, signals.stop);
+  std::unique_ptr<transport::Engine> host_engine;
+  if (flags.cuda_ipc.empty()) {
+    StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
+    if (!engine.ok()) return fail(engine.status());
+    host_engine = std::move(engine).value();
+  } else {
+    // The engine is made once the shards are open: it is for their GPU.
+    StatusOr<transport::fabric::GpuMemory> want = transport::fabric::GpuMemoryForStaging(flags.staging);
+    if (!want.ok()) return fail(want.status());
+    options.cuda_ipc = flags.cuda_ipc;
+    options.make_device_engine = [fabric, want = *want](int ordinal)
+        -> StatusOr<TrainerAgentOptions::DeviceEngine> {
+      transport::fabric::LibfabricOptions on_gpu = fabric;
+      on_gpu.gpu = ordinal;
+      WSYNC_ASSIGN_OR_RETURN(transport::fabric::GpuEngine gpu,
+                             transport::fabric::CreateLibfabricEngineForGpu(on_gpu, want));
+      return TrainerAgentOptions::DeviceEngine{std::move(gpu.engine), !gpu.cuda_memory, gpu.why_not};
+    };
+  }
+  Status s = RunTrainerAgent(spec->rank, spec->mesh_groups, shm_name, host_engine, *client, options, signals.stop);
   if (!s.ok()) return fail(s);
   LogLine("stopped");
   return 0;

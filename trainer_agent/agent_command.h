@@ -40,6 +40,12 @@ struct TrainerAgentFlags {
   double gloo_timeout_s = 60;    // bound on every rendezvous and collective
   double plan_timeout_s = 0;     // 0: wait for the world until stopped
   double shm_timeout_s = 0;      // 0: wait for the trainer's export until stopped
+  // The GPU route (cuda_shards.h): the trainer's wsync.cuda_ipc/v1 file of
+  // its shards ("" = shards in shared memory), and whether writes leave the
+  // GPU directly ("auto": where the libfabric can register CUDA memory,
+  // "on": always through pinned host memory, "off": directly or not at all).
+  std::string cuda_ipc;
+  std::string staging = "auto";
 };
 
 struct TrainerRankSpec {

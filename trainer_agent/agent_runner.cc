@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "pipeline/cuda_device.h"
 #include "pipeline/http_store.h"
+#include "pipeline/staged_group.h"
+#include "trainer_agent/cuda_shards.h"
 #include "trainer_agent/shard_export.h"
 #include "trainer_agent/version_step.h"
 
@@ -38,12 +41,15 @@ StatusOr<controller::TrainerPlanSlice> FetchPlan(controller::ControllerClient& c
 StatusOr<std::unique_ptr<ShardView>> OpenShards(const std::string& name, const TrainerRank& rank,
                                                 const TrainerAgentOptions& o, const std::atomic<bool>& stop) {
   const Clock::time_point deadline = DeadlineAfter(o.shm_timeout);
+  const ShardPlacement placement = o.cuda_ipc.empty() ? ShardPlacement::kInRegion : ShardPlacement::kCudaIpc;
   bool told = false;
   while (true) {
-    StatusOr<std::unique_ptr<ShardView>> view = ShardView::Open(name, rank);
-    // A layout mismatch will not fix itself; a missing or half-made region will.
+    StatusOr<std::unique_ptr<ShardView>> view = ShardView::Open(name, rank, placement);
+    // A layout or placement mismatch will not fix itself; a missing or
+    // half-made region will.
     if (view.ok() || view.status().message().find("layout hash") != std::string::npos ||
-        view.status().message().find("exported by trainer rank") != std::string::npos) {
+        view.status().message().find("exported by trainer rank") != std::string::npos ||
+        view.status().message().find("--cuda-ipc") != std::string::npos) {
       return view;
     }
     if (Clock::now() >= deadline) {
@@ -56,6 +62,33 @@ StatusOr<std::unique_ptr<ShardView>> OpenShards(const std::string& name, const T
     }
     std::this_thread::sleep_for(milliseconds(100));
   }
+}
+
+// The GPU route's pieces, in the order they must go: the shards opened (the
+// GPU is theirs), the pipeline's device on it, the engine for it.
+struct GpuRoute {
+  std::unique_ptr<CudaIpcShards> shards;  // null: shards in shared memory
+  std::unique_ptr<DeviceOps> device;
+};
+
+StatusOr<GpuRoute> OpenGpuRoute(const TrainerRank& rank, ShardView& view, const TrainerAgentOptions& o,
+                                TrainerAgentOptions::DeviceEngine* engine) {
+  GpuRoute route;
+  if (o.cuda_ipc.empty()) return route;
+  if (!o.make_device_engine) return InvalidArgument("--cuda-ipc without a way to make the GPU's engine");
+  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank, ShardPlacement::kCudaIpc));
+  WSYNC_ASSIGN_OR_RETURN(route.shards, CudaIpcShards::Open(o.cuda_ipc, layout, &view));
+  WSYNC_ASSIGN_OR_RETURN(route.device, MakeCudaDevice(route.shards->device()));
+  StatusOr<TrainerAgentOptions::DeviceEngine> made = o.make_device_engine(route.shards->device());
+  if (!made.ok()) return made.status().WithContext("the pipeline runs on " + route.device->name());
+  *engine = std::move(made).value();
+  Log(o, "opened " + route.shards->Describe() + " from " + o.cuda_ipc + "; the pipeline runs on " +
+             route.device->name() + "; all-gathers go through host memory (Gloo), the slower path");
+  if (engine->stage_through_host) {
+    Log(o, "writes leave " + route.device->name() + " through pinned host memory (host staging: " +
+               engine->why_staged + "); the slower path: one more copy of every written byte");
+  }
+  return route;
 }
 
 }  // namespace
@@ -95,9 +128,26 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     return view.status().WithContext(me);
   }
 
+  ExecutorOptions exec_options = options.executor;
+  TrainerAgentOptions::DeviceEngine gpu_engine;
+  StatusOr<GpuRoute> gpu = OpenGpuRoute(rank, **view, options, &gpu_engine);
+  if (!gpu.ok()) return gpu.status().WithContext(me);
+  ShardSource* shards = view->get();
+  EngineFactory make_engine = options.make_engine;
   std::unique_ptr<RendezvousStore> store = MakeHttpRendezvousStore(client);
   std::unique_ptr<GroupFactory> groups = MakeGlooGroupFactory(store.get(), options.gloo);
-  ExecutorOptions exec_options = options.executor;
+  if (gpu->shards != nullptr) {
+    shards = gpu->shards.get();
+    engine = std::move(gpu_engine.engine);
+    exec_options.device = gpu->device.get();
+    exec_options.stage_through_host = gpu_engine.stage_through_host;
+    groups = MakeHostStagedGroupFactory(std::move(groups), gpu->device.get());
+    const int ordinal = gpu->shards->device();
+    make_engine = [make = options.make_device_engine, ordinal]() -> StatusOr<std::unique_ptr<transport::Engine>> {
+      WSYNC_ASSIGN_OR_RETURN(TrainerAgentOptions::DeviceEngine e, make(ordinal));
+      return std::move(e.engine);
+    };
+  }
   exec_options.rendezvous_prefix += "/" + slice->plan_id;
   uint64_t epoch = slice->epoch;
   StatusOr<std::unique_ptr<PlanExecutor>> created =
@@ -112,7 +162,7 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
     StatusOr<controller::TrainerPlanSlice> fresh = FetchPlan(client, rank.rank, options, stop);
     if (!fresh.ok()) return fresh.status().WithContext(me + ": fetching the plan of the new epoch");
     return RebuildExecutor(std::move(fresh).value(), groups.get(), exec_options,
-                           new_engine ? &options.make_engine : nullptr, me, log, engine, executor, epoch);
+                           new_engine ? &make_engine : nullptr, me, log, engine, executor, epoch);
   };
   Log(options, "ready: temporary memory " + std::to_string(executor->arena_bytes()) + " bytes (watermark " +
                    std::to_string(exec_options.watermark_bytes) + ", largest source needs " +
@@ -137,12 +187,12 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
       if (options.on_version) options.on_version(v, why);
       continue;
     }
-    StatusOr<VersionReport> result = RunAndReport(*executor, client, rank.rank, v, **view, options.log);
+    StatusOr<VersionReport> result = RunAndReport(*executor, client, rank.rank, v, *shards, options.log);
     // A failed version is marked failed in the export, which releases the
     // trainer (it may change its weights; the version will never complete).
     if (!result.ok()) (*view)->MarkFailed(v);
     if (options.on_version) options.on_version(v, result);
-    if (!result.ok() && executor->writes_timed_out() && options.make_engine) {
+    if (!result.ok() && executor->writes_timed_out() && make_engine) {
       Status replaced = replan(/*new_engine=*/true);
       if (!replaced.ok()) return replaced;
     }

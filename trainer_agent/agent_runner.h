@@ -7,6 +7,12 @@
 // A failed version is also marked failed in the shard export, which releases
 // the trainer (it may modify its weights; the version will never complete).
 //
+// With TrainerAgentOptions::cuda_ipc the shards are the trainer's CUDA
+// memory (cuda_shards.h): the pipeline runs on that GPU (a torch-free CUDA
+// DeviceOps, pipeline/cuda_device.h), the engine is made for it once the
+// shards are open, and the all-gathers go through host memory
+// (pipeline/staged_group.h).
+//
 // Called by `wsync trainer-agent` (agent_command.h) and tests. Runs on the
 // caller's thread.
 #pragma once
@@ -50,6 +56,18 @@ struct TrainerAgentOptions {
   // unable to complete any write after a peer died with writes outstanding);
   // without it the agent keeps the engine it has.
   EngineFactory make_engine;
+
+  // The GPU route: the wsync.cuda_ipc/v1 file of the trainer's shards (""
+  // for shards in shared memory), and how to make the engine for the GPU
+  // they are on, given its ordinal here. `engine` is then made by the agent
+  // (pass an empty one); make_engine is derived from this.
+  std::string cuda_ipc;
+  struct DeviceEngine {
+    std::unique_ptr<transport::Engine> engine;
+    bool stage_through_host = false;  // the engine cannot register CUDA memory
+    std::string why_staged;
+  };
+  std::function<StatusOr<DeviceEngine>(int ordinal)> make_device_engine;
 };
 
 // Returns OK when `stop` became true, or the first error that ends the

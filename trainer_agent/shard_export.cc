@@ -9,7 +9,7 @@ namespace wsync::trainer_agent {
 namespace {
 
 constexpr uint64_t kMagic = 0x3152545f434e5953ull;  // "SYNC_TR1" little-endian
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;  // 2: the placement word
 
 uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
@@ -61,12 +61,15 @@ const ShardSlot* ShardLayout::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &slots[it->second];
 }
 
-StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank) {
+StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank, ShardPlacement placement) {
   ShardLayout layout;
   layout.rank = rank.rank;
+  layout.placement = placement;
+  const bool in_region = placement == ShardPlacement::kInRegion;
   Fnv fnv;
   fnv.U64(kFormat);
   fnv.U64(static_cast<uint64_t>(static_cast<int64_t>(rank.rank)));
+  fnv.U64(static_cast<uint64_t>(placement));
   uint64_t offset = kShardHeaderBytes;
   for (const TrainerParam& p : rank.params) {
     ShardSlot slot;
@@ -82,8 +85,10 @@ StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank) {
       elems *= static_cast<uint64_t>(d);
     }
     slot.bytes = elems * static_cast<uint64_t>(DTypeSize(p.dtype));
-    slot.offset = AlignUp(offset, kShardAlignment);
-    offset = slot.offset + slot.bytes;
+    if (in_region) {
+      slot.offset = AlignUp(offset, kShardAlignment);
+      offset = slot.offset + slot.bytes;
+    }
     if (!layout.index_.emplace(p.name, layout.slots.size()).second) {
       return InvalidArgument("trainer rank " + std::to_string(rank.rank) + ": tensor '" + p.name +
                              "' is listed twice");
@@ -112,14 +117,15 @@ StatusOr<std::string> ShardRegionName(const std::string& job, int32_t rank) {
 // ------------------------------------------------------------ ShardExport --
 
 StatusOr<std::unique_ptr<ShardExport>> ShardExport::Create(const std::string& region_name,
-                                                           const TrainerRank& rank) {
-  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank));
+                                                           const TrainerRank& rank, ShardPlacement placement) {
+  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank, placement));
   WSYNC_ASSIGN_OR_RETURN(ShmRegion region, ShmRegion::Create(region_name, layout.total_bytes));
   // The header goes in last-field-last: an agent that opens the region early
   // sees a wrong magic until then and retries.
   auto* h = new (region.data()) ShardHeader{};
   h->format = kFormat;
   h->rank = rank.rank;
+  h->placement = static_cast<uint32_t>(placement);
   h->layout_hash = layout.hash;
   h->total_bytes = layout.total_bytes;
   h->published_version.store(0, std::memory_order_relaxed);
@@ -135,6 +141,10 @@ StatusOr<ShardTensor> ShardExport::Tensor(const std::string& name) const {
   if (slot == nullptr) {
     return NotFound("shard export " + region_.name() + ": trainer rank " + std::to_string(layout_.rank) +
                     " has no tensor '" + name + "' in its spec");
+  }
+  if (layout_.placement != ShardPlacement::kInRegion) {
+    return FailedPrecondition("shard export " + region_.name() + ": trainer rank " + std::to_string(layout_.rank) +
+                              " exports its shards by CUDA IPC; they are read where they are, not copied in");
   }
   return ShardTensor{region_.data() + slot->offset, slot->bytes, slot->dtype, slot->local_shape};
 }
@@ -174,8 +184,8 @@ uint64_t ShardExport::failed_version() const {
 // -------------------------------------------------------------- ShardView --
 
 StatusOr<std::unique_ptr<ShardView>> ShardView::Open(const std::string& region_name,
-                                                     const TrainerRank& rank) {
-  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank));
+                                                     const TrainerRank& rank, ShardPlacement placement) {
+  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank, placement));
   WSYNC_ASSIGN_OR_RETURN(ShmRegion region, ShmRegion::Open(region_name));
   const std::string where = "shard view " + region_name + ": ";
   if (region.size() < sizeof(ShardHeader)) {
@@ -192,6 +202,14 @@ StatusOr<std::unique_ptr<ShardView>> ShardView::Open(const std::string& region_n
     return FailedPrecondition(where + "exported by trainer rank " + std::to_string(h->rank) +
                               ", but this agent is rank " + std::to_string(rank.rank));
   }
+  if (h->placement != static_cast<uint32_t>(placement)) {
+    return FailedPrecondition(
+        where + (h->placement == static_cast<uint32_t>(ShardPlacement::kCudaIpc)
+                     ? "the trainer exports its shards by CUDA IPC (they are on its GPU); start the agent with "
+                       "--cuda-ipc and the file wsync.export_shards wrote"
+                     : "the trainer copies its shards into this region (they are in host memory); start the agent "
+                       "without --cuda-ipc"));
+  }
   if (h->layout_hash != layout.hash || h->total_bytes != layout.total_bytes ||
       region.size() < layout.total_bytes) {
     return FailedPrecondition(where + "layout hash " + Hex(h->layout_hash) + " (" +
@@ -205,7 +223,7 @@ StatusOr<std::unique_ptr<ShardView>> ShardView::Open(const std::string& region_n
 
 const uint8_t* ShardView::Shard(const std::string& name, uint64_t* bytes) const {
   const ShardSlot* slot = layout_.Find(name);
-  if (slot == nullptr) return nullptr;
+  if (slot == nullptr || layout_.placement != ShardPlacement::kInRegion) return nullptr;
   if (bytes != nullptr) *bytes = slot->bytes;
   return region_.data() + slot->offset;
 }

@@ -16,6 +16,12 @@
 // The agent also marks reads done when it abandons a version (failure), so a
 // trainer never waits on a dead update; failed_version says which one failed.
 // Versions start at 1 (0 means "nothing yet") and only grow.
+//
+// Shards on a GPU are not copied into the region: the trainer exports them
+// by CUDA IPC handles (placement kCudaIpc, trainer_agent/cuda_shards.h) and
+// the region is the header alone, carrying the same version words. The
+// placement is in the header, so an agent started for the other one is
+// refused saying which flag it lacks.
 #pragma once
 
 #include <atomic>
@@ -36,18 +42,23 @@ namespace wsync::trainer_agent {
 inline constexpr uint64_t kShardAlignment = 256;
 inline constexpr uint64_t kShardHeaderBytes = 4096;
 
+// Where the shard bytes are: in the region after the header, or the
+// trainer's own CUDA memory, opened by the agent through CUDA IPC.
+enum class ShardPlacement : uint32_t { kInRegion = 0, kCudaIpc = 1 };
+
 // Where one local shard lives in the region.
 struct ShardSlot {
   std::string name;
   DType dtype = DType::kBF16;
   Shape local_shape;
-  uint64_t offset = 0;  // bytes from the region start, kShardAlignment-aligned
+  uint64_t offset = 0;  // bytes from the region start, kShardAlignment-aligned; 0 for kCudaIpc
   uint64_t bytes = 0;
 };
 
 // The deterministic layout of one rank's region.
 struct ShardLayout {
   int32_t rank = -1;
+  ShardPlacement placement = ShardPlacement::kInRegion;
   std::vector<ShardSlot> slots;  // in param order
   uint64_t total_bytes = 0;      // region size, header included
   uint64_t hash = 0;             // over rank, names, dtypes, shapes and offsets
@@ -56,11 +67,12 @@ struct ShardLayout {
   const ShardSlot* Find(const std::string& name) const;
 
  private:
-  friend StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank);
+  friend StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank, ShardPlacement placement);
   std::unordered_map<std::string, size_t> index_;
 };
 
-StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank);
+StatusOr<ShardLayout> ComputeShardLayout(const TrainerRank& rank,
+                                         ShardPlacement placement = ShardPlacement::kInRegion);
 
 // "/wsync-<job>-train-<rank>". `job` must be non-empty and contain no '/'.
 StatusOr<std::string> ShardRegionName(const std::string& job, int32_t rank);
@@ -71,6 +83,7 @@ struct ShardHeader {
   uint64_t magic;
   uint32_t format;
   int32_t rank;
+  uint32_t placement;  // ShardPlacement
   uint64_t layout_hash;
   uint64_t total_bytes;
   std::atomic<uint64_t> published_version;
@@ -92,10 +105,12 @@ struct ShardTensor {
 class ShardExport {
  public:
   static StatusOr<std::unique_ptr<ShardExport>> Create(const std::string& region_name,
-                                                       const TrainerRank& rank);
+                                                       const TrainerRank& rank,
+                                                       ShardPlacement placement = ShardPlacement::kInRegion);
 
   // Where to write the local shard of `name` (NotFound for a tensor not in
-  // this rank's spec).
+  // this rank's spec; FailedPrecondition for kCudaIpc, whose shards stay in
+  // the trainer's CUDA memory).
   StatusOr<ShardTensor> Tensor(const std::string& name) const;
 
   // Announces that the shards now hold version `v`. InvalidArgument unless v
@@ -128,13 +143,16 @@ class ShardExport {
 class ShardView : public ShardSource {
  public:
   // FailedPrecondition if the region is not a shard export, or was made for
-  // another rank or another layout (the trainer and agent disagree on the
-  // spec): the message names both hashes and what to check.
+  // another rank, another layout (the trainer and agent disagree on the
+  // spec: the message names both hashes and what to check) or another
+  // placement (the message names the flag).
   static StatusOr<std::unique_ptr<ShardView>> Open(const std::string& region_name,
-                                                   const TrainerRank& rank);
+                                                   const TrainerRank& rank,
+                                                   ShardPlacement placement = ShardPlacement::kInRegion);
 
-  // ShardSource: the shard bytes of `name` (null if not in the layout), and
-  // ReadsDone = MarkReadsDone.
+  // ShardSource: the shard bytes of `name` (null if not in the layout, and
+  // for kCudaIpc, whose bytes cuda_shards.h reads), and ReadsDone =
+  // MarkReadsDone.
   const uint8_t* Shard(const std::string& name, uint64_t* bytes) const override;
   void ReadsDone(uint64_t version) override { MarkReadsDone(version); }
 

@@ -9,6 +9,7 @@ import time
 import torch
 
 from . import _C
+from ._cuda_ipc import write_atomic, write_ipc_file
 from ._meta import dtype_name
 from ._session import SessionOwner
 from ._trainer import _STAGING
@@ -153,48 +154,11 @@ def export_cuda_ipc(tensors, path, layout_path, rank, instance=0, layout=None, s
     place. Keep the tensors alive, and do not move them, while it runs;
     StoreVersions reads which version they hold."""
     entry, regions, by_region = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)
-    out = []
     for name, t in by_region.items():
         if t.device.type != "cuda":
             raise ValueError(f"wsync.export_cuda_ipc rank {rank}: tensor '{name}' is on {t.device}, not a CUDA device")
-        device, handle, _, storage_offset, *_ = t.untyped_storage()._share_cuda_()
-        out.append({"id": name, "device": int(device), "pci_bus_id": _pci_bus_id(int(device)),
-                    "handle": _ipc_mem_handle(bytes(handle), name, rank).hex(),
-                    "offset": int(storage_offset) + t.storage_offset() * t.element_size(),
-                    "bytes": t.numel() * t.element_size()})
-    _write_atomic(layout_path, {"schema": "wsync.inference/v1", "ranks": [entry]})
-    _write_atomic(path, {"schema": "wsync.cuda_ipc/v1", "pid": os.getpid(), "regions": out})
-
-
-def _ipc_mem_handle(handle, name, rank):
-    """The cudaIpcMemHandle_t (64 bytes) in what torch's _share_cuda_()
-    returns: the handle itself, or (torch 2.5 and later) a version byte, a
-    type byte ('c': cudaMalloc'd) and the handle."""
-    if len(handle) == 64:
-        return handle
-    if len(handle) == 66 and handle[1:2] == b"c":
-        return handle[2:]
-    kind = "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)" \
-        if len(handle) > 1 and handle[1:2] == b"e" else f"a {len(handle)}-byte handle of an unknown kind"
-    raise ValueError(f"wsync.export_cuda_ipc rank {rank}: tensor '{name}' lives in {kind}, which has no "
-                     f"cudaIpcMemHandle; allocate the engine's weights without it")
-
-
-def _pci_bus_id(device):
-    """'0000:xx:yy.0' of CUDA device `device` as this process numbers it:
-    the sidecar may see other devices, numbered otherwise."""
-    p = torch.cuda.get_device_properties(device)
-    try:
-        return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-    except AttributeError:  # an older torch: the sidecar takes the ordinal as it is
-        return ""
-
-
-def _write_atomic(path, doc):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    write_atomic(layout_path, {"schema": "wsync.inference/v1", "ranks": [entry]})
+    write_ipc_file(path, by_region, f"wsync.export_cuda_ipc rank {rank}")
 
 
 class StoreVersions:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._cuda_ipc import write_ipc_file
 from ._meta import describe, process_group_rank_sets
 from ._session import SessionOwner
 
@@ -182,21 +183,30 @@ def _pipeline_device(local, device=None):
 
 
 class ShardExporter:
-    """The trainer side of the sidecar route: local shards in shared memory
-    for `wsync trainer-agent --layout <layout_path> --job <job> --rank R`."""
+    """The trainer side of the sidecar route, for `wsync trainer-agent
+    --layout <layout_path> --job <job> --rank R`: host shards are copied
+    into shared memory at each publish; shards on a GPU stay where they are
+    and the agent reads them by CUDA IPC (add `--cuda-ipc <cuda_ipc_path>`)."""
 
-    def __init__(self, local, export, layout_path):
+    def __init__(self, local, export, layout_path, cuda_ipc_path=None, device=None):
         self._local = local
         self._export = export
         self.layout_path = layout_path
+        self.cuda_ipc_path = cuda_ipc_path
+        self._device = device
         self.region_name = export.region_name
 
     def publish(self, version):
-        """Copies every local shard into shared memory and announces
-        `version` to the sidecar."""
-        for name, t in self._local.items():
-            t = t.contiguous()
-            self._export.copy_in(name, t.data_ptr(), t.numel() * t.element_size())
+        """Announces `version` to the sidecar: host shards are copied into
+        shared memory first; on a GPU this waits for the device, so that the
+        optimizer step's kernels have written the shards before the agent
+        reads them."""
+        if self.cuda_ipc_path is not None:
+            torch.cuda.synchronize(self._device)
+        else:
+            for name, t in self._local.items():
+                t = t.contiguous()
+                self._export.copy_in(name, t.data_ptr(), t.numel() * t.element_size())
         self._export.publish(int(version))
 
     def wait_reads_done(self, version, timeout=None):
@@ -207,12 +217,21 @@ class ShardExporter:
         return self._export.failed_version
 
 
-def export_shards(model, job, layout_path=None, keep_sharded=(), host=None):
+def export_shards(model, job, layout_path=None, keep_sharded=(), host=None, cuda_ipc_path=None):
     """Exports this rank's shards for a `wsync trainer-agent` sidecar
     (collective, like TrainerAgent). Writes the job's wsync.trainer/v1 spec
     to `layout_path` (rank 0; default /tmp/wsync-<job>-trainer.json) for the
-    sidecars' --layout, and returns a ShardExporter."""
+    sidecars' --layout, and returns a ShardExporter.
+
+    Shards on a GPU are not copied: this rank writes their CUDA IPC handles
+    to `cuda_ipc_path` (default /tmp/wsync-<job>-train-<rank>.cuda_ipc.json)
+    for the agent's --cuda-ipc. Keep the parameters where they are (FSDP2
+    updates its sharded parameters in place) while the agent runs."""
     entry, mesh_groups, local, _, _ = describe(model, keep_sharded=keep_sharded, host=host)
+    devices = {t.device.type for t in local.values()}
+    if len(devices) > 1:
+        raise ValueError("wsync.export_shards: a rank's shards must all be in host memory or all on one GPU; found "
+                         + ", ".join(sorted({str(t.device) for t in local.values()})))
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, entry)
     spec = {"schema": "wsync.trainer/v1", "mesh_groups": mesh_groups, "ranks": everyone}
@@ -223,5 +242,13 @@ def export_shards(model, job, layout_path=None, keep_sharded=(), host=None):
             json.dump(spec, f)
         os.replace(tmp, layout_path)
     dist.barrier()
-    export = _C.ShardExport(job, json.dumps(spec), dist.get_rank())
-    return ShardExporter(local, export, layout_path)
+    device = None
+    on_gpu = devices == {"cuda"}
+    if on_gpu:
+        device = next(iter(local.values())).device
+        cuda_ipc_path = cuda_ipc_path or f"/tmp/wsync-{job}-train-{dist.get_rank()}.cuda_ipc.json"
+        # Before the export's region exists: the agent reads this file once
+        # it finds the region.
+        write_ipc_file(cuda_ipc_path, local, f"wsync.export_shards rank {dist.get_rank()}")
+    export = _C.ShardExport(job, json.dumps(spec), dist.get_rank(), cuda_ipc=on_gpu)
+    return ShardExporter(local, export, layout_path, cuda_ipc_path if on_gpu else None, device)

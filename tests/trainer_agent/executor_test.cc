@@ -7,6 +7,7 @@
 #include "pipeline/collectives.h"
 #include "pipeline/fp8.h"
 #include "pipeline/executor.h"
+#include "pipeline/staged_group.h"
 
 #include <gtest/gtest.h>
 
@@ -48,9 +49,13 @@ class DeferredHostDevice : public DeviceOps {
   StatusOr<void*> Allocate(uint64_t bytes) override {
     void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     if (p == nullptr) return Internal("out of memory");
+    allocations_[p] = bytes;
     return p;
   }
-  void Free(void* p) override { std::free(p); }
+  void Free(void* p) override {
+    allocations_.erase(p);
+    std::free(p);
+  }
   Status Copy(void* dst, const void* src, uint64_t bytes) override {
     return Defer([=] { std::memcpy(dst, src, bytes); });
   }
@@ -65,7 +70,17 @@ class DeferredHostDevice : public DeviceOps {
                     width);
     });
   }
-  bool CanRead(const void*) override { return false; }
+  // With claims_device_memory, what Allocate gave is "device memory" (as
+  // the GPU's arena is): collectives through host memory stage it.
+  bool CanRead(const void* p) override {
+    if (!claims_device_memory) return false;
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (const auto& [start, bytes] : allocations_) {
+      const auto* s = static_cast<const uint8_t*>(start);
+      if (b >= s && b < s + bytes) return true;
+    }
+    return false;
+  }
   Status PackBox(const uint8_t* data, const Box& held, DType from, const Box& box, DType to, uint8_t* out) override {
     return Defer([=] { wsync::PackBox(data, held, from, box, to, out); });
   }
@@ -87,6 +102,14 @@ class DeferredHostDevice : public DeviceOps {
     std::memcpy(host, src, bytes);
     return Status::Ok();
   }
+  // As a stream synchronize: everything issued first, then the copy.
+  Status CopyFromHost(void* dst, const void* host, uint64_t bytes) override {
+    for (auto& op : queue_) op();
+    queue_.clear();
+    std::memcpy(dst, host, bytes);
+    copied_from_host += bytes;
+    return Status::Ok();
+  }
   // The host mirror starts as bytes no plan writes: a write sent from it
   // before its copy ran lands them.
   StatusOr<void*> AllocateHost(uint64_t bytes) override {
@@ -103,6 +126,8 @@ class DeferredHostDevice : public DeviceOps {
   int synchronizes = 0;
   int host_allocations = 0;
   uint64_t copied_to_host = 0;
+  uint64_t copied_from_host = 0;
+  bool claims_device_memory = false;
 
  private:
   Status Defer(std::function<void()> op) {
@@ -111,6 +136,7 @@ class DeferredHostDevice : public DeviceOps {
   }
   std::vector<std::function<void()>> queue_;
   std::vector<bool> quantizes_;  // since the last Synchronize: met a NaN/Inf
+  std::map<void*, uint64_t> allocations_;
 };
 
 // One trainer rank: its trainer-side export, the agent's view, its engine
@@ -547,6 +573,34 @@ TEST_P(ExecutorTest, HostStagedWritesLandBitForBit) {
     EXPECT_GT(written, 0u);
   }
   for (int r = 0; r < kTrainers; ++r) EXPECT_EQ(ranks_[r]->device->host_allocations, 1) << "rank " << r;
+}
+
+// The GPU sidecar's collectives (pipeline/staged_group.h): the arena is
+// device memory, so every all-gather and exchange on it goes through host
+// memory (each rank's device counts what came back in), while the version
+// check (host memory) passes straight through. The deferred device runs its
+// stages late, so a shard read back before its copy ran would land wrong.
+TEST_P(ExecutorTest, CollectivesThroughHostMemoryOnADeviceLandBitForBit) {
+  Setup setup = Options(64 << 20);
+  for (int r = 0; r < kTrainers; ++r) {
+    ranks_[r]->device = std::make_unique<DeferredHostDevice>();
+    ranks_[r]->device->claims_device_memory = true;
+    setup.executor.device = ranks_[r]->device.get();
+    ranks_[r]->groups = MakeHostStagedGroupFactory(MakeGlooGroupFactory(store_.get(), setup.gloo),
+                                                   ranks_[r]->device.get());
+    StatusOr<std::unique_ptr<PlanExecutor>> e = PlanExecutor::Create(
+        fixture_->plans[r], ranks_[r]->engine.get(), ranks_[r]->groups.get(), setup.executor);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ranks_[r]->executor = std::move(e).value();
+  }
+  for (uint64_t v = 1; v <= 2; ++v) {
+    std::vector<VersionReport> reports = UpdateAndVerify(v);
+    if (HasFailure()) return;
+    uint64_t exchanged = 0;
+    for (const VersionReport& rep : reports) exchanged += rep.exchanged_bytes;
+    EXPECT_GT(exchanged, 0u) << "the fixture's plan must gather or exchange something";
+  }
+  for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->copied_from_host, 0u) << "rank " << r;
 }
 
 TEST_P(ExecutorTest, HostStagingWithoutADeviceIsRefused) {

@@ -171,3 +171,44 @@ TEST(ShardExportTest, PublishAndReadsDoneAcrossProcesses) {
 
 }  // namespace
 }  // namespace wsync::trainer_agent
+
+namespace wsync::trainer_agent {
+namespace {
+
+// Shards on a GPU (placement kCudaIpc): the region is the header alone, and
+// an agent started for the other placement is refused saying which flag.
+TEST(ShardExportTest, AGpuExportIsTheHeaderAloneAndNamesTheAgentsFlag) {
+  const std::string name = UniqueName("ipc-placement");
+  StatusOr<std::unique_ptr<ShardExport>> gpu = ShardExport::Create(name, Rank(0), ShardPlacement::kCudaIpc);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  EXPECT_EQ((*gpu)->layout().total_bytes, kShardHeaderBytes);
+  StatusOr<ShardTensor> slot = (*gpu)->Tensor("a");
+  ASSERT_FALSE(slot.ok());
+  EXPECT_NE(slot.status().message().find("by CUDA IPC"), std::string::npos) << slot.status().ToString();
+
+  StatusOr<std::unique_ptr<ShardView>> host_agent = ShardView::Open(name, Rank(0));
+  ASSERT_FALSE(host_agent.ok());
+  EXPECT_NE(host_agent.status().message().find("start the agent with --cuda-ipc"), std::string::npos)
+      << host_agent.status().ToString();
+
+  StatusOr<std::unique_ptr<ShardView>> gpu_agent = ShardView::Open(name, Rank(0), ShardPlacement::kCudaIpc);
+  ASSERT_TRUE(gpu_agent.ok()) << gpu_agent.status().ToString();
+  uint64_t bytes = 1;
+  EXPECT_EQ((*gpu_agent)->Shard("a", &bytes), nullptr);  // its bytes are on the GPU, not here
+  ASSERT_TRUE((*gpu)->Publish(1).ok());
+  StatusOr<uint64_t> published = (*gpu_agent)->WaitPublished(0, milliseconds(1000));
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  EXPECT_EQ(*published, 1u);
+  (*gpu_agent)->MarkReadsDone(1);
+  EXPECT_TRUE((*gpu)->WaitReadsDone(1, milliseconds(1000)).ok());
+
+  const std::string host_name = UniqueName("host-placement");
+  StatusOr<std::unique_ptr<ShardExport>> host = ShardExport::Create(host_name, Rank(0));
+  ASSERT_TRUE(host.ok());
+  StatusOr<std::unique_ptr<ShardView>> wrong = ShardView::Open(host_name, Rank(0), ShardPlacement::kCudaIpc);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("without --cuda-ipc"), std::string::npos) << wrong.status().ToString();
+}
+
+}  // namespace
+}  // namespace wsync::trainer_agent

@@ -128,6 +128,8 @@ def trainer(args):
     params = sum(p.numel() for p in model.parameters())
     print(f"trainer: {params / 1e9:.2f} B parameters, shards on {shard_device} "
           f"(FSDP2, bf16{', CPUOffloadPolicy' if args.offload else ''})", flush=True)
+    if args.trainer_sidecar:
+        return sidecar_trainer(args, model, shard_device)
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
                               timeout_s=args.timeout, checksums=args.checksums,
                               device="cuda:0" if args.offload else None, staging=args.staging)
@@ -212,6 +214,70 @@ def trainer(args):
               f"host-to-device from pinned memory by torch alone {best:.4f} s, {copied / best / 1e9:.1f} GB/s)",
               flush=True)
     sync.close()
+    dist.destroy_process_group()
+
+
+def step(model, gen, device):
+    """A stand-in optimizer step: every weight changes, in place."""
+    import torch
+    with torch.no_grad():
+        for p in model.parameters():
+            p = p.to_local() if hasattr(p, "to_local") else p
+            p.add_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32).to(p.dtype), alpha=0.01)
+
+
+def save_and_wait_engines(args, model, v):
+    """The trainer's weights of version `v` for the engines' check (one rank:
+    its shard is the whole tensor), then each engine's verdict."""
+    import torch
+    state = {n: t.detach().to_local().cpu().clone() for n, t in model.state_dict().items()}
+    torch.save(state, os.path.join(args.work, "trainer.pt"))
+    del state
+    with open(os.path.join(args.work, f"trainer-v{v}.json"), "w") as f:
+        json.dump({"version": v}, f)
+    for r in range(2):
+        done = wait_any([os.path.join(args.work, f"engine-{r}-v{v}.{x}") for x in ("done", "bad")], args.timeout)
+        if done.endswith(".bad"):
+            sys.exit(f"trainer: engine {r} got wrong bytes in version {v}")
+
+
+def sidecar_trainer(args, model, shard_device):
+    """The trainer's side of the sidecar route on a GPU: its FSDP2 shards
+    stay on the GPU, exported by CUDA IPC (wsync.export_shards) to a
+    `wsync trainer-agent --cuda-ipc` process that runs the pipeline there."""
+    import torch
+    import torch.distributed as dist
+    import wsync
+    exporter = wsync.export_shards(model, job="gpu", layout_path=os.path.join(args.work, "trainer-layout.json"))
+    print(f"trainer: shards exported by CUDA IPC to {exporter.cuda_ipc_path}", flush=True)
+    log = open(os.path.join(args.work, "trainer-agent.log"), "w")
+    agent = subprocess.Popen([args.wsync, "trainer-agent", "--controller", args.controller, "--rank", "0",
+                              "--layout", exporter.layout_path, "--job", "gpu", "--cuda-ipc", exporter.cuda_ipc_path,
+                              "--staging", args.staging, "--watermark", str(args.watermark_mb << 20),
+                              *(["--checksums"] if args.checksums else [])],
+                             stdout=subprocess.PIPE, stderr=log)
+    if agent.stdout.readline().decode().strip() != "ready":
+        agent.wait(timeout=30)
+        with open(os.path.join(args.work, "trainer-agent.log")) as f:
+            sys.exit(f"trainer: `wsync trainer-agent --cuda-ipc` did not start:\n{f.read()[-3000:]}")
+    gen = torch.Generator(device=shard_device).manual_seed(7)
+    try:
+        for v in range(1, args.versions + 1):
+            step(model, gen, shard_device)
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            exporter.publish(v)
+            exporter.wait_reads_done(v, args.timeout)
+            reads_done = time.perf_counter() - t0
+            if exporter.failed_version >= v:
+                sys.exit(f"trainer: the agent failed version {v}; see trainer-agent.log")
+            print(f"trainer: version {v}: reads done {reads_done:.4f} s after publish", flush=True)
+            save_and_wait_engines(args, model, v)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        with open(os.path.join(args.work, "trainer-agent.log")) as f:
+            print("trainer: --- trainer-agent.log (last lines)\n" + "\n".join(f.read().splitlines()[-20:]), flush=True)
     dist.destroy_process_group()
 
 
@@ -335,6 +401,7 @@ def job(args):
     common = ["--controller", address, "--work", args.work, "--layers", str(args.layers),
               "--versions", str(args.versions), "--timeout", str(args.timeout),
               "--staging", args.staging, *(["--sidecar"] if args.sidecar else []),
+              *(["--trainer-sidecar"] if args.trainer_sidecar else []),
               *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
@@ -387,6 +454,8 @@ def main():
     ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
     ap.add_argument("--staging", choices=["auto", "on", "off"], default="auto",
                     help="TrainerAgent/InferenceAgent(staging=...): on sends through pinned host memory on both sides")
+    ap.add_argument("--trainer-sidecar", action="store_true",
+                    help="the trainer's shards by CUDA IPC to a `wsync trainer-agent --cuda-ipc` process")
     ap.add_argument("--sidecar", action="store_true",
                     help="engines export their tensors by CUDA IPC to `wsync inference-agent --cuda-ipc` processes")
     ap.add_argument("--offload", action="store_true",
