@@ -29,7 +29,7 @@ std::string ObjectTextWith(const nlohmann::json& head,
   }
   for (const auto& [k, v] : raw) bytes += k.size() + v.size() + 4;
   std::string out = "{";
-  out.reserve(bytes);
+  out.reserve(bytes + 1);  // and a newline a caller writing a file adds (without copying the text)
   auto member = [&](std::string_view k, std::string_view v) {
     if (out.size() > 1) out += ',';
     AppendJsonString(&out, k);
