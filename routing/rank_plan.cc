@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "routing/chunking.h"
@@ -191,8 +192,21 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
   plan.rank = rank;
   plan.world = static_cast<int32_t>(trainer.ranks.size());
 
-  std::unordered_map<std::string, const TrainerParam*> my_params;
-  for (const TrainerParam& p : me.params) my_params.emplace(p.name, &p);
+  // This rank's params by name, as a sorted vector of views of the spec's
+  // own names: the controller extracts every rank's plan, and a hash map of
+  // copied names (a node and a string per param, ~1,500 per rank) was a
+  // quarter of the extraction's time at Kimi-K2 scale.
+  using ParamByName = std::pair<std::string_view, const TrainerParam*>;
+  std::vector<ParamByName> my_params;
+  my_params.reserve(me.params.size());
+  for (const TrainerParam& p : me.params) my_params.emplace_back(p.name, &p);
+  std::stable_sort(my_params.begin(), my_params.end(),
+                   [](const ParamByName& a, const ParamByName& b) { return a.first < b.first; });
+  auto find_param = [&](std::string_view name) -> const TrainerParam* {
+    auto it = std::lower_bound(my_params.begin(), my_params.end(), name,
+                               [](const ParamByName& a, std::string_view n) { return a.first < n; });
+    return it != my_params.end() && it->first == name ? it->second : nullptr;
+  };
   std::unordered_map<std::string, const MeshGroupSpec*> group_specs;
   for (const MeshGroupSpec& g : trainer.mesh_groups) group_specs.emplace(g.name, &g);
 
@@ -240,11 +254,11 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
     for (size_t s = 0; s < table.sources.size(); ++s) {
       const SourceTensor& src = table.sources[s];
       if (src.mesh_group != static_cast<int32_t>(g)) continue;
-      auto p = my_params.find(src.name);
-      if (p == my_params.end()) {
+      const TrainerParam* found = find_param(src.name);
+      if (found == nullptr) {
         return Internal("rank " + std::to_string(rank) + " does not hold '" + src.name + "'");
       }
-      const TrainerParam& param = *p->second;
+      const TrainerParam& param = *found;
       RankSource rs;
       rs.name = src.name;
       rs.global_shape = src.global_shape;
