@@ -554,15 +554,27 @@ StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role
   }
   auto& cache = role == Role::kTrainer ? trainer_slices_ : inference_slices_;
   const std::pair<Role, int32_t> me{role, rank};
-  const size_t builders = std::max(2u, std::thread::hardware_concurrency());
-  const bool may_build = cv_.wait_until(lock, until, [&] {
-    return shutdown_ || cache.count(rank) > 0 || (building_.size() < builders && building_.count(me) == 0);
-  });
-  if (auto it = cache.find(rank); it != cache.end()) return it->second;
-  if (shutdown_) return Aborted("controller is shutting down");
-  if (!may_build)  // agents retry on FailedPrecondition, as while the plan is computed
+  // Agents retry on FailedPrecondition, as while the plan is computed.
+  const auto busy = [&] {
     return FailedPrecondition("planned; " + std::to_string(building_.size()) +
                               " slices being built (a few at once); ask again");
+  };
+  while (true) {
+    if (auto it = cache.find(rank); it != cache.end()) return it->second;
+    if (shutdown_) return Aborted("controller is shutting down");
+    if (building_.count(me) > 0) {  // another request of this rank builds it (an agent asking again)
+      if (cv_.wait_until(lock, until) == std::cv_status::timeout && cache.count(rank) == 0 && !shutdown_)
+        return busy();
+      continue;
+    }
+    if (!TakeSliceSlotLocked(lock, until)) {
+      if (shutdown_) return Aborted("controller is shutting down");
+      return busy();
+    }
+    // While this request queued, another of the same rank may have built it.
+    if (cache.count(rank) == 0 && building_.count(me) == 0 && !shutdown_) break;
+    ReleaseSliceSlotLocked();
+  }
   building_.insert(me);
   // Extract without the lock: the plan is immutable and shared.
   const std::shared_ptr<const PlanState> plan = plan_;
@@ -571,9 +583,40 @@ StatusOr<std::shared_ptr<const std::string>> Controller::PlanSliceText(Role role
   StatusOr<std::shared_ptr<const std::string>> text = BuildSlice(*plan, epoch, role, rank);
   lock.lock();
   building_.erase(me);
-  cv_.notify_all();
+  ReleaseSliceSlotLocked();
   if (text.ok() && plan_ == plan) cache.emplace(rank, *text);
+  cv_.notify_all();  // a request of the same rank waiting for this build
   return text;
+}
+
+bool Controller::TakeSliceSlotLocked(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
+  // A few at once: a build holds its rank's plan and text (hundreds of MB
+  // per build for Kimi-K2's exchange plan).
+  const size_t slots = std::max(2u, std::thread::hardware_concurrency());
+  if (shutdown_) return false;
+  if (slice_slots_taken_ < slots && slice_slot_queue_.empty()) {
+    ++slice_slots_taken_;
+    return true;
+  }
+  SliceSlotWaiter me;
+  slice_slot_queue_.push_back(&me);
+  me.cv.wait_until(lock, until, [&] { return me.granted || shutdown_; });
+  if (me.granted) return true;  // the slot is ours; the caller releases it
+  slice_slot_queue_.erase(std::find(slice_slot_queue_.begin(), slice_slot_queue_.end(), &me));
+  return false;
+}
+
+void Controller::ReleaseSliceSlotLocked() {
+  if (slice_slot_queue_.empty()) {
+    --slice_slots_taken_;
+    return;
+  }
+  // Notified under the lock: the waiter cannot return (and destroy its
+  // condition variable) before we release it.
+  SliceSlotWaiter* next = slice_slot_queue_.front();
+  slice_slot_queue_.pop_front();
+  next->granted = true;
+  next->cv.notify_one();
 }
 
 StatusOr<std::shared_ptr<const std::string>> Controller::BuildSlice(const PlanState& plan, uint64_t epoch, Role role,
@@ -857,6 +900,7 @@ void Controller::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_ = true;
   cv_.notify_all();
+  for (SliceSlotWaiter* w : slice_slot_queue_) w->cv.notify_one();
 }
 
 }  // namespace wsync::controller

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -273,6 +274,22 @@ class Controller {
   // once held 23 GB for Kimi-K2's exchange plan (12 M writes) until the
   // OOM killer ended the controller.
   std::set<std::pair<Role, int32_t>> building_ WSYNC_GUARDED_BY(mu_);
+  // The build slots, handed on in turn: a request that finds them all taken
+  // queues here and sleeps on its own condition variable, and a finishing
+  // build wakes only the oldest. (All waiting on cv_, each of 384 builds
+  // woke every other waiting request: ~100k context switches, a good part
+  // of the time to serve Kimi-K2's slices on 2 cores.)
+  struct SliceSlotWaiter {
+    std::condition_variable cv;
+    bool granted = false;  // guarded by mu_
+  };
+  size_t slice_slots_taken_ WSYNC_GUARDED_BY(mu_) = 0;
+  std::deque<SliceSlotWaiter*> slice_slot_queue_ WSYNC_GUARDED_BY(mu_);
+  // Takes a build slot, waiting in turn until `until`; false if none came
+  // by then or the controller is shutting down.
+  bool TakeSliceSlotLocked(std::unique_lock<std::mutex>& lock, Clock::time_point until) WSYNC_REQUIRES(mu_);
+  // Hands the slot to the oldest queued request, else frees it.
+  void ReleaseSliceSlotLocked() WSYNC_REQUIRES(mu_);
 
   VersionTracker versions_ WSYNC_GUARDED_BY(mu_);
   // When each rank that sends heartbeats was last heard from, and the ranks

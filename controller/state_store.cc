@@ -38,13 +38,15 @@ StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path) {
   return std::optional<json>(std::move(j).value());
 }
 
-// Temp file + fsync + rename: readers see the old file or the new one.
-Status WriteTextAtomically(const std::string& path, const std::string& text) {
+// `text` and a newline; temp file + fsync + rename: readers see the old
+// file or the new one. The newline written apart: appending it to an 80 MB
+// plan would copy the plan.
+Status WriteLineAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Internal(tmp + ": cannot open for writing: " + std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                       ::fsync(::fileno(f)) == 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fputc('\n', f) != EOF &&
+                       std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
   const int write_errno = errno;
   if (std::fclose(f) != 0 || !written) {
     std::remove(tmp.c_str());
@@ -74,7 +76,7 @@ Status StateStore::SaveWorld(const WorldToSave& world, const std::string& plan_t
   if (dir_.empty()) return Status::Ok();
   // The two files (~130 MB at Kimi-K2 scale) written and synced at once.
   std::future<Status> plan =
-      std::async(std::launch::async, [&] { return WriteTextAtomically(Path("plan.json"), plan_text + "\n"); });
+      std::async(std::launch::async, [&] { return WriteLineAtomically(Path("plan.json"), plan_text); });
   Status world_saved = SaveWorldFile(world);
   Status plan_saved = plan.get();
   return plan_saved.ok() ? world_saved : plan_saved;

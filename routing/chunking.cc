@@ -44,6 +44,24 @@ bool HeldRange(int64_t n, const Shape& mesh_shape,
       shard_dims.push_back(static_cast<int>(m));
     }
   }
+  // The gathered mesh dims the innermost that shard `dim` (always so with
+  // one mesh dim sharding it, as FSDP's): the pieces they give tile the
+  // range the outer ones leave, so that range is the union; no need to
+  // enumerate them (a 128-way gather was 128 pieces, per tensor and rank,
+  // for each of the controller's 256 trainer slices).
+  const size_t outer = shard_dims.size() - varying.size();
+  bool innermost = true;
+  for (size_t i = 0; i < varying.size(); ++i) innermost = innermost && varying[i] == static_cast<int>(outer + i);
+  if (innermost) {
+    Range r{0, n};
+    for (size_t i = 0; i < outer; ++i) {
+      const Range sub = ChunkRange(r.size, mesh_shape[shard_dims[i]], coord[shard_dims[i]]);
+      r.offset = sub.size > 0 ? r.offset + sub.offset : r.offset + r.size;
+      r.size = sub.size;
+    }
+    *out = r.size > 0 ? r : Range{0, 0};
+    return true;
+  }
   std::vector<int64_t> c(shard_dims.size());
   for (size_t i = 0; i < shard_dims.size(); ++i) c[i] = coord[shard_dims[i]];
   for (int v : varying) c[v] = 0;

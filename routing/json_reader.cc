@@ -1,5 +1,6 @@
 #include "routing/json_reader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,7 +25,10 @@ bool JsonObjectReader::Has(const char* key) const {
 }
 
 const json* JsonObjectReader::Find(const char* key, bool required) {
-  known_.insert(key);
+  if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
+    if (known_.empty()) known_.reserve(16);  // one allocation for a typical object's keys
+    known_.emplace_back(key);
+  }
   if (!valid_) return nullptr;
   auto it = j_.find(key);
   if (it == j_.end()) {
@@ -153,9 +157,11 @@ const json* JsonObjectReader::Raw(const char* key, bool required) {
 Status JsonObjectReader::Finish() {
   if (!status_.ok() || !valid_) return status_;
   for (auto it = j_.begin(); it != j_.end(); ++it) {
-    if (!known_.count(it.key())) {
+    if (std::find(known_.begin(), known_.end(), it.key()) == known_.end()) {
+      std::vector<std::string> sorted = known_;
+      std::sort(sorted.begin(), sorted.end());
       std::string list;
-      for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
+      for (const std::string& k : sorted) list += (list.empty() ? "" : ", ") + k;
       Fail("unknown key '" + it.key() + "' (expected one of: " + list + ")");
       break;
     }

@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "routing/chunking.h"
@@ -191,8 +192,21 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
   plan.rank = rank;
   plan.world = static_cast<int32_t>(trainer.ranks.size());
 
-  std::unordered_map<std::string, const TrainerParam*> my_params;
-  for (const TrainerParam& p : me.params) my_params.emplace(p.name, &p);
+  // This rank's params by name, as a sorted vector of views of the spec's
+  // own names: the controller extracts every rank's plan, and a hash map of
+  // copied names (a node and a string per param, ~1,500 per rank) was a
+  // quarter of the extraction's time at Kimi-K2 scale.
+  using ParamByName = std::pair<std::string_view, const TrainerParam*>;
+  std::vector<ParamByName> my_params;
+  my_params.reserve(me.params.size());
+  for (const TrainerParam& p : me.params) my_params.emplace_back(p.name, &p);
+  std::stable_sort(my_params.begin(), my_params.end(),
+                   [](const ParamByName& a, const ParamByName& b) { return a.first < b.first; });
+  auto find_param = [&](std::string_view name) -> const TrainerParam* {
+    auto it = std::lower_bound(my_params.begin(), my_params.end(), name,
+                               [](const ParamByName& a, std::string_view n) { return a.first < n; });
+    return it != my_params.end() && it->first == name ? it->second : nullptr;
+  };
   std::unordered_map<std::string, const MeshGroupSpec*> group_specs;
   for (const MeshGroupSpec& g : trainer.mesh_groups) group_specs.emplace(g.name, &g);
 
@@ -240,11 +254,11 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
     for (size_t s = 0; s < table.sources.size(); ++s) {
       const SourceTensor& src = table.sources[s];
       if (src.mesh_group != static_cast<int32_t>(g)) continue;
-      auto p = my_params.find(src.name);
-      if (p == my_params.end()) {
+      const TrainerParam* found = find_param(src.name);
+      if (found == nullptr) {
         return Internal("rank " + std::to_string(rank) + " does not hold '" + src.name + "'");
       }
-      const TrainerParam& param = *p->second;
+      const TrainerParam& param = *found;
       RankSource rs;
       rs.name = src.name;
       rs.global_shape = src.global_shape;
@@ -380,11 +394,44 @@ uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine) {
 
 namespace {
 
-// A source of a trainer rank plan without its writes (ToJson adds them).
-nlohmann::json SourceHeadJson(const RankSource& s) {
+constexpr const char* kTrainerPlanSchema = "wsync.trainer_rank_plan/v2";
+
+// A slice names each source's all-gather group by its index into one table
+// of the slice's distinct groups ("gather_sets", first-use order; -1: the
+// source gathers nothing) instead of listing its up to 128 ranks in every
+// source: a Kimi-K2 trainer slice has ~520 sources and two distinct groups,
+// and the repeated lists were over a quarter of the bytes the controller
+// serves. The parser expands the index back into gather_ranks.
+struct GatherSets {
+  std::vector<const std::vector<int32_t>*> sets;  // distinct non-empty gather_ranks
+  std::vector<int32_t> index;                     // per source, groups then sources in order
+};
+
+GatherSets CollectGatherSets(const TrainerRankPlan& plan) {
+  struct ByValue {
+    bool operator()(const std::vector<int32_t>* a, const std::vector<int32_t>* b) const { return *a < *b; }
+  };
+  GatherSets out;
+  std::map<const std::vector<int32_t>*, int32_t, ByValue> seen;
+  for (const RankMeshGroup& g : plan.groups)
+    for (const RankSource& s : g.sources) {
+      if (s.gather_ranks.empty()) {
+        out.index.push_back(-1);
+        continue;
+      }
+      auto [it, fresh] = seen.emplace(&s.gather_ranks, static_cast<int32_t>(out.sets.size()));
+      if (fresh) out.sets.push_back(&s.gather_ranks);
+      out.index.push_back(it->second);
+    }
+  return out;
+}
+
+// A source of a trainer rank plan without its writes (ToJson adds them);
+// `gather_set`: its index into the slice's gather_sets.
+nlohmann::json SourceHeadJson(const RankSource& s, int32_t gather_set) {
   nlohmann::json j = {{"name", s.name}, {"global_shape", s.global_shape}, {"dtype", DTypeName(s.dtype)},
                       {"local", BoxJson(s.local)}, {"held", BoxJson(s.held)},
-                      {"gather_dim", s.gather_dim}, {"gather_ranks", s.gather_ranks},
+                      {"gather_dim", s.gather_dim}, {"gather_set", gather_set},
                       {"block", {s.block_rows, s.block_cols}}};
   if (s.exchange()) {
     for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
@@ -406,7 +453,7 @@ nlohmann::json PeersJson(const TrainerRankPlan& plan) {
 
 // The plan without its groups: ToJson adds them.
 nlohmann::json TrainerPlanHeadJson(const TrainerRankPlan& plan) {
-  return {{"schema", "wsync.trainer_rank_plan/v1"}, {"rank", plan.rank}, {"world", plan.world},
+  return {{"schema", kTrainerPlanSchema}, {"rank", plan.rank}, {"world", plan.world},
           {"peers", PeersJson(plan)}, {"write_bytes", plan.write_bytes}, {"writes", plan.writes}};
 }
 
@@ -464,8 +511,9 @@ void AppendRowsList(std::string* out, const std::vector<Rows>& rows) {
   *out += ']';
 }
 
-// SourceHeadJson(s) with its "writes", as dump() writes it (keys sorted).
-void AppendSource(std::string* out, const RankSource& s) {
+// SourceHeadJson(s, gather_set) with its "writes", as dump() writes it
+// (keys sorted).
+void AppendSource(std::string* out, const RankSource& s, int32_t gather_set) {
   *out += "{\"block\":[";
   AppendJsonInt(out, s.block_rows);
   *out += ',';
@@ -474,8 +522,8 @@ void AppendSource(std::string* out, const RankSource& s) {
   AppendJsonString(out, DTypeName(s.dtype));
   *out += ",\"gather_dim\":";
   AppendJsonInt(out, s.gather_dim);
-  *out += ",\"gather_ranks\":";
-  AppendJsonIntArray(out, s.gather_ranks);
+  *out += ",\"gather_set\":";
+  AppendJsonInt(out, gather_set);
   *out += ",\"global_shape\":";
   AppendJsonIntArray(out, s.global_shape);
   *out += ",\"held\":";
@@ -501,6 +549,8 @@ void AppendSource(std::string* out, const RankSource& s) {
 }  // namespace
 
 nlohmann::json ToJson(const TrainerRankPlan& plan) {
+  const GatherSets gather = CollectGatherSets(plan);
+  size_t next = 0;  // into gather.index
   nlohmann::json groups = nlohmann::json::array();
   for (const RankMeshGroup& g : plan.groups) {
     nlohmann::json sources = nlohmann::json::array();
@@ -510,12 +560,15 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
         writes.push_back({w.dst_rank, w.kind == WriteKind::kScale ? "s" : "w", DTypeName(w.dst_dtype),
                           BoxJson(w.src_box), w.region, w.region_offset, w.bytes, w.dst_name});
       }
-      sources.push_back(SourceHeadJson(s));
+      sources.push_back(SourceHeadJson(s, gather.index[next++]));
       sources.back()["writes"] = std::move(writes);
     }
     groups.push_back({{"name", g.name}, {"ranks", g.ranks}, {"sources", sources}});
   }
   nlohmann::json j = TrainerPlanHeadJson(plan);
+  nlohmann::json sets = nlohmann::json::array();
+  for (const std::vector<int32_t>* ranks : gather.sets) sets.push_back(*ranks);
+  j["gather_sets"] = std::move(sets);
   j["groups"] = std::move(groups);
   return j;
 }
@@ -527,9 +580,16 @@ std::string ToJsonText(const TrainerRankPlan& plan) {
   size_t writes = 0;
   for (const RankMeshGroup& g : plan.groups)
     for (const RankSource& s : g.sources) writes += s.writes.size();
+  const GatherSets gather = CollectGatherSets(plan);
+  size_t next = 0;  // into gather.index
   std::string out;
   out.reserve(256 + writes * 160 + plan.groups.size() * 1024);
-  out += "{\"groups\":[";
+  out += "{\"gather_sets\":[";
+  for (size_t i = 0; i < gather.sets.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendJsonIntArray(&out, *gather.sets[i]);
+  }
+  out += "],\"groups\":[";
   for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
     const RankMeshGroup& g = plan.groups[gi];
     if (gi > 0) out += ',';
@@ -540,7 +600,7 @@ std::string ToJsonText(const TrainerRankPlan& plan) {
     out += ",\"sources\":[";
     for (size_t si = 0; si < g.sources.size(); ++si) {
       if (si > 0) out += ',';
-      AppendSource(&out, g.sources[si]);
+      AppendSource(&out, g.sources[si], gather.index[next++]);
     }
     out += "]}";
   }
@@ -548,7 +608,9 @@ std::string ToJsonText(const TrainerRankPlan& plan) {
   out += PeersJson(plan).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   out += ",\"rank\":";
   AppendJsonInt(&out, plan.rank);
-  out += ",\"schema\":\"wsync.trainer_rank_plan/v1\",\"world\":";
+  out += ",\"schema\":\"";
+  out += kTrainerPlanSchema;
+  out += "\",\"world\":";
   AppendJsonInt(&out, plan.world);
   out += ",\"write_bytes\":";
   AppendJsonInt(&out, plan.write_bytes);
@@ -586,10 +648,19 @@ std::string ToJsonText(const InferenceRankPlan& plan) {
 
 StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
   try {
-    if (j.value("schema", "") != "wsync.trainer_rank_plan/v1") {
-      return InvalidArgument("rank plan: expected schema wsync.trainer_rank_plan/v1");
+    if (j.value("schema", "") != kTrainerPlanSchema) {
+      return InvalidArgument(std::string("rank plan: expected schema ") + kTrainerPlanSchema +
+                             " (a controller and agents of different wsync versions?)");
     }
     TrainerRankPlan plan;
+    const nlohmann::json& sets_json = j.at("gather_sets");
+    if (!sets_json.is_array()) return InvalidArgument("rank plan: 'gather_sets' must be an array of rank lists");
+    std::vector<std::vector<int32_t>> gather_sets;
+    gather_sets.reserve(sets_json.size());
+    for (const nlohmann::json& set : sets_json) {
+      WSYNC_ASSIGN_OR_RETURN(std::vector<int32_t> ranks, IntsOf<int32_t>(set, "gather_sets"));
+      gather_sets.push_back(std::move(ranks));
+    }
     WSYNC_ASSIGN_OR_RETURN(plan.rank, IntOf<int32_t>(j.at("rank"), "rank"));
     WSYNC_ASSIGN_OR_RETURN(plan.world, IntOf<int32_t>(j.at("world"), "world"));
     WSYNC_ASSIGN_OR_RETURN(plan.write_bytes, IntOf<uint64_t>(j.at("write_bytes"), "write_bytes"));
@@ -606,7 +677,13 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
         WSYNC_ASSIGN_OR_RETURN(s.local, ParseBox(sj.at("local")));
         WSYNC_ASSIGN_OR_RETURN(s.held, ParseBox(sj.at("held")));
         WSYNC_ASSIGN_OR_RETURN(s.gather_dim, IntOf<int32_t>(sj.at("gather_dim"), "gather_dim"));
-        WSYNC_ASSIGN_OR_RETURN(s.gather_ranks, IntsOf<int32_t>(sj.at("gather_ranks"), "gather_ranks"));
+        const nlohmann::json& set_json = sj.at("gather_set");
+        const StatusOr<int32_t> set = IntOf<int32_t>(set_json, "gather_set");
+        if (!set.ok() || *set < -1 || static_cast<int64_t>(*set) >= static_cast<int64_t>(gather_sets.size()))
+          return InvalidArgument("rank plan: source '" + s.name + "': 'gather_set' must be -1 (no all-gather) or " +
+                                 "an index into the slice's " + std::to_string(gather_sets.size()) +
+                                 " 'gather_sets', got " + set_json.dump());
+        if (*set >= 0) s.gather_ranks = gather_sets[*set];
         // operator[] on a const json array does not check bounds: sizes first.
         const nlohmann::json& block = sj.at("block");
         if (!block.is_array() || block.size() != 2)

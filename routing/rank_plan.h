@@ -137,6 +137,10 @@ InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t ra
 uint64_t UnshardBytesFrom(const RankSource& src, int64_t i);
 uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine);
 
+// A trainer plan (wsync.trainer_rank_plan/v2) lists its distinct all-gather
+// groups once, in "gather_sets", and each source names its group by index
+// ("gather_set", -1 for none); ParseTrainerRankPlan expands it back into
+// RankSource::gather_ranks.
 nlohmann::json ToJson(const TrainerRankPlan& plan);
 nlohmann::json ToJson(const InferenceRankPlan& plan);
 // ToJson(plan).dump(), written as text: what the controller serves, without

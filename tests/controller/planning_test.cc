@@ -4,6 +4,7 @@
 // sleeps): the test knows planning is in progress because the hook said so,
 // and lets it finish when it has seen what it wanted.
 #include <future>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -143,6 +144,38 @@ TEST_F(PlanningTest, ConcurrentRequestsForOneSliceShareOneBuild) {
     texts.insert(t->get());
   }
   EXPECT_EQ(texts.size(), 1u);
+}
+
+// More requests than build slots, for every rank of both roles at once, each
+// rank asked several times: each request gets its own rank's slice, and each
+// rank's slice is built once (the slots are handed on in turn, and a request
+// that queued behind another of its rank takes that one's build).
+TEST_F(PlanningTest, RequestsForEveryRankAtOnceEachGetTheirOwnSlice) {
+  StartServer();
+  RegisterAll();
+  struct Ask {
+    Role role;
+    int32_t rank;
+    std::future<StatusOr<std::shared_ptr<const std::string>>> text;
+  };
+  std::vector<Ask> asks;
+  for (int round = 0; round < 8; ++round)
+    for (const Role role : {Role::kTrainer, Role::kInference})
+      for (int32_t rank = 0; rank < (role == Role::kTrainer ? world_.trainers() : world_.inference_ranks()); ++rank)
+        asks.push_back({role, rank, std::async(std::launch::async, [this, role, rank] {
+                          return controller_->PlanSliceText(role, rank, std::chrono::seconds(5));
+                        })});
+  std::map<std::pair<Role, int32_t>, std::set<const std::string*>> texts;
+  for (Ask& a : asks) {
+    StatusOr<std::shared_ptr<const std::string>> t = a.text.get();
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const json slice = json::parse(**t);
+    EXPECT_EQ(slice["role"], RoleName(a.role));
+    EXPECT_EQ(slice["rank"], a.rank);
+    texts[{a.role, a.rank}].insert(t->get());
+  }
+  EXPECT_EQ(texts.size(), static_cast<size_t>(world_.trainers() + world_.inference_ranks()));
+  for (const auto& [who, built] : texts) EXPECT_EQ(built.size(), 1u) << RoleName(who.first) << " " << who.second;
 }
 
 }  // namespace

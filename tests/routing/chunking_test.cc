@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "tests/routing/test_specs.h"
 
 namespace wsync {
@@ -57,6 +61,60 @@ TEST(ChunkingTest, GatheringAnOuterShardInsideAnInnerOneIsNotABox) {
   EXPECT_FALSE(HeldShard({8}, {2, 2}, {0, 0}, {Placement::Shard(0), Placement::Shard(0)},
                          {true, false}, &out, &bad));
   EXPECT_EQ(bad, 0);
+}
+
+// HeldShard against the union of every gathered rank's own shard, taken
+// row by row, over meshes of up to three dims all sharding one tensor dim
+// (sizes that leave empty and uneven chunks), every gathered subset and
+// every coordinate.
+TEST(ChunkingTest, HeldShardIsTheUnionOfTheGatheredShards) {
+  for (const Shape& mesh : {Shape{3}, Shape{2, 3}, Shape{3, 2}, Shape{2, 2, 3}}) {
+    const size_t dims = mesh.size();
+    const std::vector<Placement> placements(dims, Placement::Shard(0));
+    int64_t ranks = 1;
+    for (int64_t m : mesh) ranks *= m;
+    for (int64_t n : {0, 1, 5, 7, 12, 13}) {
+      for (unsigned subset = 0; subset < (1u << dims); ++subset) {
+        std::vector<bool> gathered(dims);
+        for (size_t m = 0; m < dims; ++m) gathered[m] = (subset >> m) & 1;
+        for (int64_t linear = 0; linear < ranks; ++linear) {
+          std::vector<int64_t> coord(dims);
+          for (int64_t m = static_cast<int64_t>(dims) - 1, rest = linear; m >= 0; --m) {
+            coord[m] = rest % mesh[m];
+            rest /= mesh[m];
+          }
+          // The rows held by the ranks that differ from `coord` only in gathered dims.
+          std::vector<bool> held(static_cast<size_t>(n), false);
+          for (int64_t other = 0; other < ranks; ++other) {
+            std::vector<int64_t> c(dims);
+            bool same_group = true;
+            for (int64_t m = static_cast<int64_t>(dims) - 1, rest = other; m >= 0; --m) {
+              c[m] = rest % mesh[m];
+              rest /= mesh[m];
+              same_group = same_group && (gathered[m] || c[m] == coord[m]);
+            }
+            if (!same_group) continue;
+            std::vector<Range> local;
+            LocalShard({n}, mesh, c, placements, &local);
+            for (int64_t row = local[0].offset; row < local[0].offset + local[0].size; ++row) held[row] = true;
+          }
+          const auto first = std::find(held.begin(), held.end(), true);
+          const auto last = std::find(held.rbegin(), held.rend(), true).base();
+          const bool box = std::find(first, last, false) == last;
+          std::vector<Range> out;
+          int bad = -1;
+          const std::string what = "n=" + std::to_string(n) + " mesh dims " + std::to_string(dims) +
+                                   " gathered " + std::to_string(subset) + " rank " + std::to_string(linear);
+          ASSERT_EQ(HeldShard({n}, mesh, coord, placements, gathered, &out, &bad), box) << what;
+          if (!box) continue;
+          const Range want = first == held.end()
+                                 ? Range{0, 0}
+                                 : Range{first - held.begin(), static_cast<int64_t>(last - first)};
+          EXPECT_EQ(out[0], want) << what;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

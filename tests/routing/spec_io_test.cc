@@ -246,6 +246,80 @@ TEST(SpecIoTest, TrainerSliceWithShortArraysIsAnError) {
   EXPECT_EQ(r.status().message(), "rank plan: unknown dtype \"bf61\"");
 }
 
+// A trainer plan with sources over two all-gather groups (one of them used
+// twice) and one that gathers nothing.
+TrainerRankPlan PlanWithGatherGroups() {
+  TrainerRankPlan plan;
+  plan.rank = 2;
+  plan.world = 4;
+  const std::vector<std::vector<int32_t>> gathers = {{0, 1, 2, 3}, {}, {2, 0}, {0, 1, 2, 3}};
+  for (int g = 0; g < 2; ++g) {
+    RankMeshGroup group;
+    group.name = "group" + std::to_string(g);
+    group.ranks = {0, 1, 2, 3};
+    for (int k = 0; k < 2; ++k) {
+      RankSource s;
+      s.name = "t" + std::to_string(2 * g + k);
+      s.global_shape = {8, 4};
+      s.local.ndim = s.held.ndim = 2;
+      s.local.size = {2, 4};
+      s.held.size = {8, 4};
+      s.gather_ranks = gathers[2 * g + k];
+      s.gather_dim = s.gather_ranks.empty() ? -1 : 0;
+      group.sources.push_back(std::move(s));
+    }
+    plan.groups.push_back(std::move(group));
+  }
+  return plan;
+}
+
+// Each distinct all-gather group is written once per slice and named by
+// index in every source; parsing gives every source its whole group back.
+TEST(SpecIoTest, TrainerSliceListsEachGatherGroupOnce) {
+  const TrainerRankPlan plan = PlanWithGatherGroups();
+  const std::string text = ToJsonText(plan);
+  EXPECT_EQ(text, ToJson(plan).dump());
+  EXPECT_NE(text.find("\"gather_sets\":[[0,1,2,3],[2,0]]"), std::string::npos) << text;
+  EXPECT_EQ(text.find("gather_ranks"), std::string::npos) << text;
+  auto back = ParseTrainerRankPlan(json::parse(text));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ(back->groups.size(), plan.groups.size());
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    ASSERT_EQ(back->groups[g].sources.size(), plan.groups[g].sources.size());
+    for (size_t k = 0; k < plan.groups[g].sources.size(); ++k)
+      EXPECT_EQ(back->groups[g].sources[k].gather_ranks, plan.groups[g].sources[k].gather_ranks)
+          << plan.groups[g].sources[k].name;
+  }
+  EXPECT_EQ(ToJsonText(*back), text);
+}
+
+TEST(SpecIoTest, TrainerSliceWithABadGatherSetNamesTheSource) {
+  const json good = ToJson(PlanWithGatherGroups());
+  ASSERT_EQ(good["groups"][1]["sources"][0]["name"], "t2");
+  ASSERT_EQ(good["groups"][1]["sources"][0]["gather_set"], 1);
+  for (const json& bad_index : {json(2), json(-2), json(1.5), json("1")}) {
+    json bad = good;
+    bad["groups"][1]["sources"][0]["gather_set"] = bad_index;
+    auto r = ParseTrainerRankPlan(bad);
+    ASSERT_FALSE(r.ok()) << bad_index.dump();
+    EXPECT_EQ(r.status().message(),
+              "rank plan: source 't2': 'gather_set' must be -1 (no all-gather) or an index into the slice's 2 "
+              "'gather_sets', got " + bad_index.dump());
+    ExpectOneLine(r.status());
+  }
+  json bad = good;
+  bad["gather_sets"][1] = {0, "x"};
+  auto r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: 'gather_sets' must be an integer in range, got \"x\"");
+  bad = good;
+  bad["schema"] = "wsync.trainer_rank_plan/v1";  // each source listed its gather_ranks
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("expected schema wsync.trainer_rank_plan/v2"), std::string::npos)
+      << r.status().message();
+}
+
 // Found by fuzz/plan_slice_fuzz.cc (UBSan): get<uint64_t>() of 4.4e44
 // (a float) is undefined; 1.5 became 1 and an unknown dtype bf16, silently.
 TEST(SpecIoTest, SliceNumbersMustBeIntegersAndDtypesKnown) {
