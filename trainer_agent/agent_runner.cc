@@ -71,13 +71,12 @@ struct GpuRoute {
   std::unique_ptr<DeviceOps> device;
 };
 
-StatusOr<GpuRoute> OpenGpuRoute(const TrainerRank& rank, ShardView& view, const TrainerAgentOptions& o,
+StatusOr<GpuRoute> OpenGpuRoute(ShardView& view, const TrainerAgentOptions& o,
                                 TrainerAgentOptions::DeviceEngine* engine) {
   GpuRoute route;
   if (o.cuda_ipc.empty()) return route;
   if (!o.make_device_engine) return InvalidArgument("--cuda-ipc without a way to make the GPU's engine");
-  WSYNC_ASSIGN_OR_RETURN(ShardLayout layout, ComputeShardLayout(rank, ShardPlacement::kCudaIpc));
-  WSYNC_ASSIGN_OR_RETURN(route.shards, CudaIpcShards::Open(o.cuda_ipc, layout, &view));
+  WSYNC_ASSIGN_OR_RETURN(route.shards, CudaIpcShards::Open(o.cuda_ipc, view.layout(), &view));
   WSYNC_ASSIGN_OR_RETURN(route.device, MakeCudaDevice(route.shards->device()));
   StatusOr<TrainerAgentOptions::DeviceEngine> made = o.make_device_engine(route.shards->device());
   if (!made.ok()) return made.status().WithContext("the pipeline runs on " + route.device->name());
@@ -130,7 +129,7 @@ Status RunTrainerAgent(const TrainerRank& rank, const std::vector<MeshGroupSpec>
 
   ExecutorOptions exec_options = options.executor;
   TrainerAgentOptions::DeviceEngine gpu_engine;
-  StatusOr<GpuRoute> gpu = OpenGpuRoute(rank, **view, options, &gpu_engine);
+  StatusOr<GpuRoute> gpu = OpenGpuRoute(**view, options, &gpu_engine);
   if (!gpu.ok()) return gpu.status().WithContext(me);
   ShardSource* shards = view->get();
   EngineFactory make_engine = options.make_engine;

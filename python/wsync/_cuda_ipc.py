@@ -60,5 +60,6 @@ def write_atomic(path, doc):
     os.replace(tmp, path)
 
 
-def write_ipc_file(path, tensors, who):
-    write_atomic(path, {"schema": SCHEMA, "pid": os.getpid(), "regions": ipc_regions(tensors, who)})
+def write_ipc_file(path, regions):
+    """`regions` from ipc_regions."""
+    write_atomic(path, {"schema": SCHEMA, "pid": os.getpid(), "regions": regions})

@@ -9,7 +9,7 @@ import time
 import torch
 
 from . import _C
-from ._cuda_ipc import write_atomic, write_ipc_file
+from ._cuda_ipc import ipc_regions, write_atomic, write_ipc_file
 from ._meta import dtype_name
 from ._session import SessionOwner
 from ._trainer import _STAGING
@@ -154,11 +154,9 @@ def export_cuda_ipc(tensors, path, layout_path, rank, instance=0, layout=None, s
     place. Keep the tensors alive, and do not move them, while it runs;
     StoreVersions reads which version they hold."""
     entry, regions, by_region = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)
-    for name, t in by_region.items():
-        if t.device.type != "cuda":
-            raise ValueError(f"wsync.export_cuda_ipc rank {rank}: tensor '{name}' is on {t.device}, not a CUDA device")
+    out = ipc_regions(by_region, f"wsync.export_cuda_ipc rank {rank}")  # refuses before anything is written
     write_atomic(layout_path, {"schema": "wsync.inference/v1", "ranks": [entry]})
-    write_ipc_file(path, by_region, f"wsync.export_cuda_ipc rank {rank}")
+    write_ipc_file(path, out)
 
 
 class StoreVersions:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._cuda_ipc import write_ipc_file
+from ._cuda_ipc import ipc_regions, write_ipc_file
 from ._meta import describe, process_group_rank_sets
 from ._session import SessionOwner
 
@@ -249,6 +249,6 @@ def export_shards(model, job, layout_path=None, keep_sharded=(), host=None, cuda
         cuda_ipc_path = cuda_ipc_path or f"/tmp/wsync-{job}-train-{dist.get_rank()}.cuda_ipc.json"
         # Before the export's region exists: the agent reads this file once
         # it finds the region.
-        write_ipc_file(cuda_ipc_path, local, f"wsync.export_shards rank {dist.get_rank()}")
+        write_ipc_file(cuda_ipc_path, ipc_regions(local, f"wsync.export_shards rank {dist.get_rank()}"))
     export = _C.ShardExport(job, json.dumps(spec), dist.get_rank(), cuda_ipc=on_gpu)
     return ShardExporter(local, export, layout_path, cuda_ipc_path if on_gpu else None, device)
