@@ -19,6 +19,7 @@
 #include "demo/local_sync.h"
 #include "inference_agent/engine_view.h"
 #include "routing/rank_plan.h"
+#include "tests/sanitizer_slowdown.h"
 
 namespace wsync::demo {
 namespace {
@@ -34,9 +35,9 @@ LocalSyncOptions Options(const std::string& test) {
   o.cluster = kCluster;
   o.job = "it" + std::to_string(getpid()) + test;
   o.work_dir = (fs::temp_directory_path() / ("wsync-" + o.job)).string();
-  o.version_timeout_s = 30;
-  o.gloo_timeout_s = 5;
-  o.heartbeat_timeout_s = 3;
+  o.version_timeout_s = 30 * testing::kSanitizerSlowdown;
+  o.gloo_timeout_s = 5 * testing::kSanitizerSlowdown;
+  o.heartbeat_timeout_s = 3 * testing::kSanitizerSlowdown;
   return o;
 }
 
@@ -159,9 +160,9 @@ TEST(SyncScenarios, KilledTrainerAgentFailsItsVersionNamingItAndARestartRecovers
   ASSERT_TRUE(v2.ok()) << v2.status().ToString();
   EXPECT_EQ(v2->state, "failed");
   // Its peers fail the version at once ("lost a peer"); the controller names
-  // the dead rank once its heartbeats stop (3 s here).
+  // the dead rank once its heartbeats stop (3 s here, 4x that under sanitizers).
   bool names_rank_1 = false;
-  for (int i = 0; i < 100 && !names_rank_1; ++i) {
+  for (int i = 0; i < 100 * testing::kSanitizerSlowdown && !names_rank_1; ++i) {
     for (const auto& f : v2->failures) names_rank_1 |= f.role == "trainer" && f.rank == 1;
     if (names_rank_1) break;
     std::this_thread::sleep_for(milliseconds(100));

@@ -19,6 +19,7 @@
 #include "controller/controller.h"
 #include "controller/http_server.h"
 #include "routing/spec_io.h"
+#include "tests/sanitizer_slowdown.h"
 #include "tests/trainer_agent/update_fixture.h"
 #include "trainer_agent/agent_command.h"
 #include "trainer_agent/shard_export.h"
@@ -41,7 +42,7 @@ TEST(AgentProcessRole, Run) {
   flags.layout = std::getenv("WSYNC_TA_LAYOUT");
   flags.shm_name = std::getenv("WSYNC_TA_SHM");
   flags.watermark = 4 << 20;
-  flags.gloo_timeout_s = 3;
+  flags.gloo_timeout_s = 3 * testing::kSanitizerSlowdown;
   flags.plan_timeout_s = 60;
   flags.shm_timeout_s = 60;
   EXPECT_EQ(RunTrainerAgentCommand(flags), 0);
