@@ -88,11 +88,11 @@ Status StateStore::SaveWorldFile(const WorldToSave& world) const {
                      {"plan_id", world.plan_id},
                      {"epoch", world.epoch}};
   auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
-  return WriteTextFileAtomic(
-      ObjectTextWith(head, {{"inference", world.inference}, {"mapping", text(world.mapping)},
-                            {"trainer", world.trainer}}) +
-          "\n",
-      Path("world.json"));
+  // Synced like plan.json: a controller restarted after a crash must not
+  // find a plan without the world it was made for.
+  return WriteLineAtomically(Path("world.json"),
+                             ObjectTextWith(head, {{"inference", world.inference}, {"mapping", text(world.mapping)},
+                                                   {"trainer", world.trainer}}));
 }
 
 StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
