@@ -305,19 +305,25 @@ Status InferenceAgent::Commit(uint64_t v) {
     for (size_t i = 0; i < memory_->regions().size(); ++i) index[memory_->regions()[i].id] = i;
     memory_->MarkCommitting(v);
     uint64_t bytes = 0;
-    for (size_t i = 0; i < writes.size();) {
-      uint64_t end = writes[i].offset + writes[i].bytes;
-      size_t j = i + 1;
-      for (; j < writes.size() && writes[j].region == writes[i].region && writes[j].offset == end; ++j)
-        end += writes[j].bytes;
-      const size_t r = index.at(writes[i].region);
-      WSYNC_RETURN_IF_ERROR(options_.shadow->CopyOut(options_.shadow->regions()[r], memory_->regions()[r],
-                                                     writes[i].offset, end - writes[i].offset)
-                                .WithContext(me + ": copying region '" + writes[i].region + "' out of the shadow"));
-      bytes += end - writes[i].offset;
-      i = j;
+    auto copy_out = [&]() -> Status {
+      for (size_t i = 0; i < writes.size();) {
+        uint64_t end = writes[i].offset + writes[i].bytes;
+        size_t j = i + 1;
+        for (; j < writes.size() && writes[j].region == writes[i].region && writes[j].offset == end; ++j)
+          end += writes[j].bytes;
+        const size_t r = index.at(writes[i].region);
+        WSYNC_RETURN_IF_ERROR(options_.shadow->CopyOut(options_.shadow->regions()[r], memory_->regions()[r],
+                                                       writes[i].offset, end - writes[i].offset)
+                                  .WithContext(me + ": copying region '" + writes[i].region + "' out of the shadow"));
+        bytes += end - writes[i].offset;
+        i = j;
+      }
+      return options_.shadow->Finish().WithContext(me + ": copying out of the shadow");
+    };
+    if (Status s = copy_out(); !s.ok()) {
+      memory_->MarkFailed(v);  // the weights are a mix now, and v will not complete
+      return s;
     }
-    WSYNC_RETURN_IF_ERROR(options_.shadow->Finish().WithContext(me + ": copying out of the shadow"));
     copied = " (" + std::to_string(bytes) + " bytes copied out of the shadow in " + Fixed3(Seconds(Clock::now() - t0)) +
              " s)";
   }

@@ -17,7 +17,9 @@
 // complete_version advances, before the next update starts (async RL
 // pauses for the update), and re-check complete_version after copying. If
 // failed_version is above complete_version, the bytes are a mix of the two:
-// keep serving what was copied and wait for the next complete version.
+// keep serving what was copied and wait for the next complete version (in
+// shadow mode, committing_version equal to failed_version says that version
+// is being copied in and will be complete or failed shortly).
 #pragma once
 
 #include <fcntl.h>
@@ -114,6 +116,9 @@ class EngineView {
   // Latest version that could not complete (kNoVersion if none failed).
   uint64_t failed_version() const { return Load(&header()->failed_version); }
   uint64_t failed_versions() const { return Load(&header()->failed_versions); }
+  // The version being copied in from the agent's shadow (kNoVersion if
+  // none): failed_version equals it meanwhile, but it is not failed yet.
+  uint64_t committing_version() const { return Load(&header()->committing_version); }
 
   const EngineTensor* Find(std::string_view name) const {
     auto it = index_.find(std::string(name));

@@ -34,6 +34,7 @@ class ShmWeightMemory : public WeightMemory {
   uint64_t failed_version() const override { return store_.failed_version(); }
   bool MarkComplete(uint64_t v) override { return store_.MarkComplete(v); }
   void MarkFailed(uint64_t v) override { store_.MarkFailed(v); }
+  void MarkCommitting(uint64_t v) override { store_.MarkCommitting(v); }
 
  private:
   WeightStore store_;

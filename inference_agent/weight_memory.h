@@ -45,8 +45,9 @@ class WeightMemory {
   // Shadow mode, just before v is copied in: until MarkComplete(v) the
   // weights are neither the last complete version nor v. By default the
   // failed word says so (an engine process that outlives an agent killed
-  // mid-copy sees them as mixed); an owner whose engine shares the agent's
-  // process (it dies with it) need not.
+  // mid-copy sees them as mixed); the weight store also says that v is being
+  // copied (weight_store_format.h), so an engine waiting for v waits on; an
+  // owner whose engine shares the agent's process (it dies with it) need not.
   virtual void MarkCommitting(uint64_t v) { MarkFailed(v); }
   // Shadow mode: v failed without touching these weights, which stay at the
   // last complete version. By default nothing changes (the failed word would

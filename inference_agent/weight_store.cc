@@ -116,6 +116,7 @@ StatusOr<WeightStore> WeightStore::Create(const std::string& shm_name, const Inf
   h->num_regions = static_cast<uint32_t>(rank.regions.size());
   h->complete_version = kNoVersion;
   h->failed_version = kNoVersion;
+  h->committing_version = kNoVersion;
   // Last: a reader that sees the magic sees everything above.
   Word(h->magic).store(kWeightStoreMagic, std::memory_order_release);
   store.MapRegions(rank, layout);
@@ -165,11 +166,31 @@ bool WeightStore::MarkComplete(uint64_t v) {
   return moved;
 }
 
-void WeightStore::MarkFailed(uint64_t v) {
+uint64_t WeightStore::committing_version() const {
+  return Word(header()->committing_version).load(std::memory_order_acquire);
+}
+
+void WeightStore::RaiseFailed(uint64_t v) {
   WeightStoreHeader* h = header();
   const uint64_t current = Word(h->failed_version).load(std::memory_order_relaxed);
-  Word(h->failed_versions).fetch_add(1, std::memory_order_relaxed);
   if (current == kNoVersion || v > current) Word(h->failed_version).store(v, std::memory_order_release);
+}
+
+void WeightStore::MarkCommitting(uint64_t v) {
+  // The committing word first: a reader that sees failed_version at v (an
+  // acquire load) sees that v is being copied, not failed.
+  Word(header()->committing_version).store(v, std::memory_order_release);
+  RaiseFailed(v);
+}
+
+void WeightStore::MarkFailed(uint64_t v) {
+  WeightStoreHeader* h = header();
+  Word(h->failed_versions).fetch_add(1, std::memory_order_relaxed);
+  RaiseFailed(v);
+  // A copy of v that failed: readers waiting for v now see it failed.
+  uint64_t committing = v;
+  Word(h->committing_version).compare_exchange_strong(committing, kNoVersion, std::memory_order_release,
+                                                      std::memory_order_relaxed);
 }
 
 }  // namespace wsync::inference

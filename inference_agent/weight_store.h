@@ -59,18 +59,23 @@ class WeightStore {
   // Acquire loads.
   uint64_t complete_version() const;
   uint64_t failed_version() const;
+  uint64_t committing_version() const;
 
   // Release stores. Call MarkComplete(v) only once every write of v has
   // landed. Neither word moves backwards: an older v than the current one
-  // only bumps the count (MarkComplete returns false).
+  // only bumps the count (MarkComplete returns false). MarkCommitting(v):
+  // v is being copied in from a shadow (weight_store_format.h); it ends with
+  // MarkComplete(v), or MarkFailed(v), which also clears it.
   bool MarkComplete(uint64_t v);
   void MarkFailed(uint64_t v);
+  void MarkCommitting(uint64_t v);
 
   void KeepName() { shm_.KeepName(); }
 
  private:
   WeightStoreHeader* header() const { return reinterpret_cast<WeightStoreHeader*>(shm_.data()); }
   void MapRegions(const InferenceRank& rank, const Layout& layout);
+  void RaiseFailed(uint64_t v);  // failed_version up to v, no count
 
   ShmRegion shm_;
   std::vector<Region> regions_;

@@ -25,11 +25,12 @@
 //
 // Version words: the agent stores `complete_version` with release semantics
 // only after every write of that version has landed; an engine loads it with
-// acquire semantics and may then read that version's bytes. Both words start
-// at kNoVersion. `magic` is stored last (release) when the object is built,
+// acquire semantics and may then read that version's bytes. The version
+// words start at kNoVersion. `magic` is stored last (release) when the object is built,
 // so a reader that sees it sees a complete header and layout.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -61,8 +62,19 @@ struct WeightStoreHeader {
   uint64_t failed_version;                // highest version that failed (its
                                           // writes may have partly landed)
   uint64_t failed_versions;               // how many failed
+  // Shadow mode (and host staging): the version being copied out of the
+  // shadow into these weights, kNoVersion when none. While a copy runs,
+  // failed_version is that version too (the bytes are a mix), so a reader
+  // that ignores this word treats them as such; a reader waiting for that
+  // version keeps waiting (it becomes complete, or failed with this word
+  // cleared). An agent killed mid-copy leaves both words as they are.
+  uint64_t committing_version;
 };
 static_assert(sizeof(WeightStoreHeader) <= kWeightStoreHeaderBytes);
+// Readers in other languages find the words here (python/wsync/_inference.py).
+static_assert(offsetof(WeightStoreHeader, complete_version) == 128);
+static_assert(offsetof(WeightStoreHeader, failed_version) == 144);
+static_assert(offsetof(WeightStoreHeader, committing_version) == 160);
 
 inline constexpr uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 

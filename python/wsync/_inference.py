@@ -188,12 +188,21 @@ class StoreVersions:
         v = self._word(144)
         return 0 if v == self._NONE else v
 
+    @property
+    def committing_version(self):
+        """The version the agent copies in from its shadow (--shadow, or host
+        staging of GPU weights); 0 when none. failed_version equals it
+        meanwhile: the weights are a mix until it is complete."""
+        v = self._word(160)
+        return 0 if v == self._NONE else v
+
     def wait_version(self, version, timeout=None):
         """Returns once `version` is complete; VersionError if it failed
         first, TimeoutError after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.complete_version < version:
-            if self.failed_version >= version:
+            # failed first: the committing word is stored before it
+            if self.failed_version >= version and self.committing_version != version:
                 raise VersionError(f"version {version} failed (the weights may be a mix of versions)")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"version {version} not complete after {timeout} s "

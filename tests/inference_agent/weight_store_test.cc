@@ -99,6 +99,36 @@ TEST(WeightStoreTest, EngineSeesVersionWordsTheAgentStores) {
   EXPECT_EQ(view->complete_version(), 3u);
 }
 
+// Shadow mode copies a version in: meanwhile the weights are a mix (the
+// failed word says so to any engine), but an engine waiting for that
+// version must see that it is being copied, not failed; a copy that fails
+// clears the word, and only then is the version failed.
+TEST(WeightStoreTest, ACopyInFromTheShadowIsNotAFailureUntilItFails) {
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("commit"), SmallRank());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  StatusOr<EngineView> view = EngineView::Open(store->name());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->committing_version(), kNoVersion);
+
+  store->MarkCommitting(1);
+  EXPECT_EQ(view->committing_version(), 1u);
+  EXPECT_EQ(view->failed_version(), 1u) << "mid-copy the bytes are a mix";
+  EXPECT_EQ(view->failed_versions(), 0u) << "a copy in progress is not counted as a failure";
+  EXPECT_TRUE(store->MarkComplete(1));
+  EXPECT_EQ(view->complete_version(), 1u);
+
+  store->MarkCommitting(2);
+  store->MarkFailed(2);
+  EXPECT_EQ(view->committing_version(), kNoVersion) << "a failed copy is a failed version";
+  EXPECT_EQ(view->failed_version(), 2u);
+  EXPECT_EQ(view->failed_versions(), 1u);
+  EXPECT_EQ(view->complete_version(), 1u);
+
+  store->MarkCommitting(3);
+  store->MarkFailed(2);  // an older version's failure leaves the copy of 3 alone
+  EXPECT_EQ(view->committing_version(), 3u);
+}
+
 TEST(WeightStoreTest, AttachKeepsWeightsAndVersionButRefusesAnotherLayout) {
   const std::string name = TestName("attach");
   StatusOr<WeightStore> store = WeightStore::Create(name, SmallRank());
