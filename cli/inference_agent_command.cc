@@ -49,7 +49,14 @@ void AddInferenceAgentCommand(CLI::App& app) {
                 "(trainers run with --checksums); a mismatch fails the version, naming the tensor");
   cmd->add_option("--cuda-ipc", flags->cuda_ipc,
                   "wsync.cuda_ipc/v1 file from the engine (wsync.export_cuda_ipc): its CUDA tensors are written in "
-                  "place (needs a libfabric with FI_HMEM); the shared-memory store keeps the layout and version words");
+                  "place where libfabric can register CUDA memory (FI_HMEM); the shared-memory store keeps the layout "
+                  "and version words");
+  cmd->add_option("--staging", flags->staging,
+                  "with --cuda-ipc: auto (in place where libfabric can register GPU memory, else through pinned "
+                  "host memory, copied into the tensors once a version landed everywhere), on (always through host "
+                  "memory), off (in place or refuse)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--shadow", flags->shadow,
                 "shadow mode: writes land in a private copy of the weights (as much memory again), copied into "
                 "the store only once a version is complete on every rank, so a failed version leaves the last "

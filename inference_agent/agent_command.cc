@@ -71,8 +71,9 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   if (!client.ok()) return fail(client.status());
 
   std::optional<cuda_ipc::Export> ipc;
+  StatusOr<transport::fabric::GpuMemory> want = transport::fabric::GpuMemoryForStaging(flags.staging);
+  if (!want.ok()) return fail(want.status().WithContext("--staging"));
   if (!flags.cuda_ipc.empty()) {
-    if (flags.shadow) return fail(InvalidArgument("--shadow with --cuda-ipc: not supported (the shadow is host memory)"));
     StatusOr<cuda_ipc::Export> read = ReadCudaIpcExport(flags.cuda_ipc, *rank);
     if (!read.ok()) return fail(read.status());
     ipc = std::move(read).value();
@@ -97,33 +98,47 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
     StatusOr<std::unique_ptr<WeightMemory>> opened = OpenCudaIpcWeights(*ipc, std::move(store).value());
     if (!opened.ok()) return fail(opened.status());
     memory = std::move(opened).value();
-    options.enable_hmem = true;
     options.gpu = memory->regions().empty() ? 0 : memory->regions().front().device;  // this process's ordinal
     LogLine("opened " + memory->name() + " from " + flags.cuda_ipc);
   } else {
     memory = MakeShmWeightMemory(std::move(store).value());
   }
-  StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(options);
-  if (!engine.ok()) return fail(engine.status());
-  if (ipc.has_value() && !(*engine)->capabilities().cuda_memory) {
-    return fail(FailedPrecondition("--cuda-ipc: the weights are GPU memory, but " + (*engine)->Describe() +
-                                   "; use a libfabric built with CUDA (FI_HMEM)"));
+  std::unique_ptr<transport::Engine> engine;
+  bool staged = false;
+  if (ipc.has_value()) {
+    StatusOr<transport::fabric::GpuEngine> made = transport::fabric::CreateLibfabricEngineForGpu(options, *want);
+    if (!made.ok()) return fail(made.status().WithContext("--cuda-ipc: the weights are GPU memory"));
+    engine = std::move(made->engine);
+    staged = !made->cuda_memory;
+    if (staged) {
+      LogLine("writes land in pinned host memory and are copied into the GPU tensors once a version landed on "
+              "every rank (host staging: " + made->why_not +
+              "); the slower path: as much pinned host memory as the tensors, and one more copy of every byte");
+    }
+  } else {
+    StatusOr<std::unique_ptr<transport::Engine>> made = transport::fabric::CreateLibfabricEngine(options);
+    if (!made.ok()) return fail(made.status());
+    engine = std::move(made).value();
   }
 
   InferenceAgentOptions agent_options;
   agent_options.log = LogLine;
   agent_options.hold = flags.verify_checksums;
-  if (flags.shadow) {
-    StatusOr<std::unique_ptr<ShadowMemory>> shadow = MakeHostShadow(*memory);
+  if (flags.shadow || staged) {
+    StatusOr<std::unique_ptr<ShadowMemory>> shadow =
+        ipc.has_value() ? MakeCudaShadow(*memory, staged) : MakeHostShadow(*memory);
     if (!shadow.ok()) return fail(shadow.status());
     agent_options.shadow = std::move(shadow).value();
     uint64_t bytes = 0;
     for (const WeightMemory::Region& r : memory->regions()) bytes += r.size;
-    LogLine("shadow mode: " + std::to_string(bytes) + " bytes of private memory take the writes; '" + memory->name() +
-            "' changes only when a version is complete everywhere");
+    if (flags.shadow) {
+      LogLine("shadow mode: " + std::to_string(bytes) + " bytes of private " +
+              (ipc.has_value() && !staged ? "GPU" : "host") + " memory take the writes; '" + memory->name() +
+              "' changes only when a version is complete everywhere");
+    }
   }
   StatusOr<std::unique_ptr<InferenceAgent>> agent =
-      InferenceAgent::Create(std::move(engine).value(), std::move(memory), std::move(rank).value(), agent_options);
+      InferenceAgent::Create(std::move(engine), std::move(memory), std::move(rank).value(), agent_options);
   if (!agent.ok()) return fail(agent.status());
 
   AgentRunnerOptions run;

@@ -38,6 +38,11 @@ struct InferenceAgentFlags {
   // wsync.cuda_ipc/v1 file (cuda_ipc.h): the weights are the engine's CUDA
   // tensors, written in place; the store keeps the layout and version words.
   std::string cuda_ipc;
+  // With cuda_ipc: "auto" (in place where libfabric can register CUDA
+  // memory, else host staging), "on" (always staging), "off" (in place or
+  // refuse). Host staging: the writes land in pinned host memory, copied
+  // into the tensors once a version is complete everywhere.
+  std::string staging = "auto";
 };
 
 // This rank's entry of the layout file or of the generated specs. One line

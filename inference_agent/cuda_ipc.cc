@@ -1,5 +1,10 @@
 #include "inference_agent/cuda_ipc.h"
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "cuda_ipc/copies.h"
 #include "cuda_ipc/mappings.h"
 
 namespace wsync::inference {
@@ -23,6 +28,7 @@ class CudaIpcWeights : public WeightMemory {
   uint64_t failed_version() const override { return store_.failed_version(); }
   bool MarkComplete(uint64_t v) override { return store_.MarkComplete(v); }
   void MarkFailed(uint64_t v) override { store_.MarkFailed(v); }
+  void MarkCommitting(uint64_t v) override { store_.MarkCommitting(v); }
   Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const override {
     if (offset > r.size || bytes > r.size - offset) return WeightMemory::Read(r, offset, bytes, out);  // its error
     Status s = cuda_ipc::Mappings::CopyToHost(r.device, r.data + offset, bytes, out);
@@ -37,7 +43,77 @@ class CudaIpcWeights : public WeightMemory {
   std::vector<Region> regions_;
 };
 
+// Shadow regions carved from one buffer per (kind, GPU), 4 KiB aligned.
+class CudaShadow : public ShadowMemory {
+ public:
+  static StatusOr<std::unique_ptr<ShadowMemory>> Create(const WeightMemory& live, bool staging) {
+    std::unique_ptr<CudaShadow> shadow(new CudaShadow);
+    auto rounded = [](uint64_t bytes) { return (std::max<uint64_t>(bytes, 1) + 4095) / 4096 * 4096; };
+    auto kind_of = [&](const WeightMemory::Region& r) {
+      if (r.kind == transport::MemoryKind::kHost || staging) return cuda_ipc::Buffer::Kind::kPinnedHost;
+      return cuda_ipc::Buffer::Kind::kDevice;
+    };
+    std::map<std::pair<cuda_ipc::Buffer::Kind, int>, uint64_t> sizes;
+    for (const WeightMemory::Region& r : live.regions()) sizes[{kind_of(r), r.device}] += rounded(r.size);
+    std::map<std::pair<cuda_ipc::Buffer::Kind, int>, uint8_t*> next;
+    for (const auto& [key, bytes] : sizes) {
+      StatusOr<std::unique_ptr<cuda_ipc::Buffer>> b = cuda_ipc::Buffer::Allocate(key.first, key.second, bytes);
+      if (!b.ok()) return b.status().WithContext("the shadow of " + live.name());
+      next[key] = (*b)->data();
+      shadow->buffers_.push_back(std::move(b).value());
+    }
+    for (const WeightMemory::Region& r : live.regions()) {
+      WeightMemory::Region copy = r;
+      const auto key = std::make_pair(kind_of(r), r.device);
+      copy.data = next[key];
+      next[key] += rounded(r.size);
+      copy.kind = key.first == cuda_ipc::Buffer::Kind::kDevice ? transport::MemoryKind::kCuda
+                                                                : transport::MemoryKind::kHost;
+      shadow->regions_.push_back(copy);
+    }
+    return std::unique_ptr<ShadowMemory>(std::move(shadow));
+  }
+
+  const std::vector<WeightMemory::Region>& regions() const override { return regions_; }
+
+  Status CopyOut(const WeightMemory::Region& from, const WeightMemory::Region& to, uint64_t offset,
+                 uint64_t bytes) override {
+    if (to.kind == transport::MemoryKind::kHost) {
+      std::memcpy(to.data + offset, from.data + offset, bytes);
+      return Status::Ok();
+    }
+    auto it = streams_.find(to.device);
+    if (it == streams_.end()) {
+      StatusOr<std::unique_ptr<cuda_ipc::CopyStream>> made = cuda_ipc::CopyStream::Create(to.device);
+      if (!made.ok()) return made.status();
+      it = streams_.emplace(to.device, std::move(made).value()).first;
+    }
+    Status s = it->second->Copy(to.data + offset, from.data + offset, bytes);
+    if (!s.ok()) return s.WithContext("copying region '" + to.id + "' out of the shadow");
+    return Status::Ok();
+  }
+
+  Status Finish() override {
+    Status first = Status::Ok();
+    for (auto& [device, stream] : streams_) {
+      Status s = stream->Finish();
+      if (first.ok() && !s.ok()) first = s.WithContext("copies out of the shadow");
+    }
+    return first;
+  }
+
+ private:
+  CudaShadow() = default;
+  std::vector<std::unique_ptr<cuda_ipc::Buffer>> buffers_;
+  std::vector<WeightMemory::Region> regions_;
+  std::map<int, std::unique_ptr<cuda_ipc::CopyStream>> streams_;  // by device
+};
+
 }  // namespace
+
+StatusOr<std::unique_ptr<ShadowMemory>> MakeCudaShadow(const WeightMemory& live, bool staging) {
+  return CudaShadow::Create(live, staging);
+}
 
 StatusOr<cuda_ipc::Export> ReadCudaIpcExport(const std::string& path, const InferenceRank& rank) {
   std::vector<cuda_ipc::Expected> expected;

@@ -299,7 +299,8 @@ def engine(args):
     if args.sidecar:
         agent = sidecar_engine(args, tensors, layout)
         print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, exported by CUDA IPC "
-              f"to `wsync inference-agent --cuda-ipc` (pid {agent.process.pid}), registered", flush=True)
+              f"to `wsync inference-agent --cuda-ipc` (pid {agent.process.pid}), registered; the writes land "
+              f"{'in pinned host memory (host staging)' if agent.staged else 'in GPU memory'}", flush=True)
     else:
         agent = wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
                                      layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
@@ -363,13 +364,18 @@ def sidecar_engine(args, tensors, layout):
     log = open(os.path.join(args.work, f"agent{args.rank}.log"), "w")
     p = subprocess.Popen([args.wsync, "inference-agent", "--controller", args.controller, "--rank", str(args.rank),
                           "--layout", spec, "--cuda-ipc", ipc, "--job", "gpu",
-                          "--version-timeout", str(int(args.timeout))], stdout=subprocess.PIPE, stderr=log)
+                          "--version-timeout", str(int(args.timeout)), "--staging", args.staging,
+                          *(["--shadow"] if args.shadow else [])], stdout=subprocess.PIPE, stderr=log)
     line = p.stdout.readline().decode().strip()
     if line != "ready":
         p.wait(timeout=30)
         with open(os.path.join(args.work, f"agent{args.rank}.log")) as f:
             sys.exit(f"engine {args.rank}: `wsync inference-agent --cuda-ipc` did not start:\n{f.read()[-3000:]}")
-    return SidecarEngine(p, wsync.StoreVersions(f"/wsync-gpu-infer-{args.rank}"))
+    with open(os.path.join(args.work, f"agent{args.rank}.log")) as f:
+        staged = "host staging" in f.read()
+    engine = SidecarEngine(p, wsync.StoreVersions(f"/wsync-gpu-infer-{args.rank}"))
+    engine.staged = staged
+    return engine
 
 
 def job(args):
