@@ -129,9 +129,9 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
         ipc.has_value() ? MakeCudaShadow(*memory, staged) : MakeHostShadow(*memory);
     if (!shadow.ok()) return fail(shadow.status());
     agent_options.shadow = std::move(shadow).value();
-    uint64_t bytes = 0;
-    for (const WeightMemory::Region& r : memory->regions()) bytes += r.size;
-    if (flags.shadow) {
+    if (flags.shadow) {  // staging said its own line above
+      uint64_t bytes = 0;
+      for (const WeightMemory::Region& r : memory->regions()) bytes += r.size;
       LogLine("shadow mode: " + std::to_string(bytes) + " bytes of private " +
               (ipc.has_value() && !staged ? "GPU" : "host") + " memory take the writes; '" + memory->name() +
               "' changes only when a version is complete everywhere");
