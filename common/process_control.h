@@ -16,7 +16,8 @@ void LogLine(const std::string& component, const std::string& line);
 // SIGTERM/SIGINT are blocked in every thread created after this object (the
 // engine's and Gloo's threads inherit the mask) and taken by one thread with
 // sigwait, so no libfabric or socket call is interrupted and stopping is a
-// plain flag. Create it first in main-like code, before any other thread.
+// plain flag. Create it first in main-like code, before any other thread;
+// the signals stay blocked after it is destroyed (see the destructor).
 class StopOnSignal {
  public:
   explicit StopOnSignal(std::string component);
@@ -28,7 +29,7 @@ class StopOnSignal {
 
  private:
   std::string component_;
-  sigset_t set_{}, old_{};
+  sigset_t set_{};
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
