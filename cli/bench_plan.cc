@@ -41,7 +41,7 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
   const double rss_before = PeakRssBytes();
   std::vector<double> seconds;
   PlanSummary summary;
-  size_t ops = 0;
+  size_t ops = 0, writes = 0;  // strided ops once; their planes
   std::string description;
   for (int i = 0; i < std::max(1, opt.repeat); ++i) {
     const Progress timer(/*quiet=*/true);
@@ -62,6 +62,7 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
           ExtractTrainerRankPlans(*table, inputs->trainer, inputs->inference);
       summary = Summarize(*table, opt.link, rank_plans.ok() ? &*rank_plans : nullptr);
       ops = table->ops.size();
+      writes = WriteCount(table->ops);
       description = inputs->description;
     }
   }
@@ -78,7 +79,8 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
                         {"peak_rss_bytes", peak},
                         {"rss_before_bytes", rss_before},
                         {"target_bytes", kTargetBytes},
-                        {"writes", ops},
+                        {"writes", writes},
+                        {"ops", ops},
                         {"predicted_update_seconds", summary.predicted_seconds},
                         {"exchange_bytes", summary.exchange_bytes},
                         {"full_tensor_bytes", summary.full_tensor_bytes},
@@ -91,7 +93,7 @@ int RunBenchPlan(const BenchPlanOptions& opt) {
               seconds.front(), kTargetSeconds, median / kTargetSeconds);
   std::printf("  peak memory %.0f MiB (process peak RSS; %.0f MiB before loading)   target %.0f MiB   ratio %.2f\n",
               peak / (1 << 20), rss_before / (1 << 20), kTargetBytes / (1 << 20), peak / kTargetBytes);
-  std::printf("  plan        %zu writes, %.2f TB on the wire, busiest sender NIC %.2f GB\n", ops,
+  std::printf("  plan        %zu writes in %zu ops, %.2f TB on the wire, busiest sender NIC %.2f GB\n", writes, ops,
               summary.wire_bytes / 1e12, summary.sender_nic_bytes.max / 1e9);
   std::printf("  predicted update %.3f s   reference measured %.1f-%.1f s   ratio %.2f-%.2f\n",
               summary.predicted_seconds, kReferenceUpdateLow, kReferenceUpdateHigh,

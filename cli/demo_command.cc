@@ -55,7 +55,8 @@ int RunDemo(DemoOptions opt) {
   }
   demo::LocalSync& s = **sync;
   std::printf("[%5.1f s] ready: %zu trainer ranks -> %zu inference ranks, %zu writes per update; logs in %s\n",
-              elapsed(), s.specs().trainer.ranks.size(), s.specs().inference.ranks.size(), s.table().ops.size(),
+              elapsed(), s.specs().trainer.ranks.size(), s.specs().inference.ranks.size(),
+              static_cast<size_t>(WriteCount(s.table().ops)),
               s.options().work_dir.c_str());
   std::printf("each update: new synthetic trainer weights (the demo's work), the update itself (wsync), %s\n",
               opt.verify ? "then every inference byte checked against an independent reference (the demo's work)"

@@ -57,7 +57,8 @@ int RunPlan(const PlanCommandOptions& opt) {
   inputs->options.min_shard_piece_bytes = opt.min_shard_piece_bytes;
   StatusOr<RoutingTable> table = Plan(inputs->trainer, inputs->inference, inputs->mapping, inputs->options);
   if (!table.ok()) return fail(table.status());
-  progress.Step("planned " + std::to_string(table->ops.size()) + " writes");
+  progress.Step("planned " + std::to_string(WriteCount(table->ops)) + " writes (" + std::to_string(table->ops.size()) +
+                " ops)");
 
   // The unshard term from the rank plans the executor would run; a plan the
   // pipeline refuses is still summarized (as full_tensor), and said so.

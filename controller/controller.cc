@@ -138,7 +138,7 @@ Status Controller::LoadStateLocked() {
     Log("version " + std::to_string(v.landed) + " had landed everywhere before the restart; waiting for " +
         std::to_string(v.committing.size()) + " shadow inference rank(s) to copy it out");
   }
-  Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(plan_->table.ops.size()) +
+  Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(WriteCount(plan_->table.ops)) +
       " writes per update); latest complete version: " +
       (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")) + "; epoch " +
       std::to_string(epoch_));
@@ -274,7 +274,7 @@ Status Controller::MaybePlanLocked(std::unique_lock<std::mutex>& lock) {
                   assemble_seconds_, plan_seconds_ - assemble_seconds_ - persist_seconds_, persist_seconds_);
     Log("world complete: " + std::to_string(options_.trainers) + " trainer + " +
         std::to_string(options_.inference) + " inference ranks; plan " + plan_->plan_id + ": " +
-        std::to_string(plan_->table.ops.size()) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
+        std::to_string(WriteCount(plan_->table.ops)) + " writes, " + std::to_string(plan_->summary.wire_bytes) +
         " bytes per update; unshard " +
         (options_.exchange ? "by exchange (" + std::to_string(plan_->summary.exchange_bytes) + " bytes against " +
                                  std::to_string(plan_->summary.full_tensor_bytes) + " for full_tensor)"
@@ -640,13 +640,13 @@ StatusOr<std::shared_ptr<const std::string>> Controller::BuildSlice(const PlanSt
     std::map<int32_t, std::pair<uint64_t, uint64_t>> by_trainer;  // rank -> writes, bytes
     for (uint32_t i : plan.ops_by_inference[rank]) {
       const WriteOp& op = plan.table.ops[i];
-      by_trainer[op.src_rank].first += 1;
+      by_trainer[op.src_rank].first += op.planes;
       by_trainer[op.src_rank].second += op.bytes;
     }
     json per = json::array();
     for (const auto& [src, wb] : by_trainer)
       per.push_back({{"rank", src}, {"writes", wb.first}, {"bytes", wb.second}});
-    head["expected_writes"] = rank_plan.writes.size();
+    head["expected_writes"] = WriteCount(rank_plan);
     head["expected_bytes"] = rank_plan.bytes;
     head["writes_by_trainer"] = std::move(per);
     plan_text = ToJsonText(rank_plan);

@@ -75,7 +75,8 @@ json Controller::StatusJson(const std::string& since, Clock::duration wait) {
             {"mesh_groups", plan_->table.mesh_groups.size()},
             {"sources", plan_->table.sources.size()},
             {"destinations", plan_->table.destinations.size()},
-            {"ops", plan_->table.ops.size()},
+            {"ops", plan_->table.ops.size()},  // strided ones once
+            {"writes", WriteCount(plan_->table.ops)},
             {"wire_bytes", plan_->summary.wire_bytes},
             {"dest_bytes", plan_->summary.dest_bytes},
             {"predicted_seconds", plan_->summary.predicted_seconds},
@@ -136,7 +137,7 @@ std::string Controller::MetricsText() {
   m.Gauge("wsync_plan_wire_bytes", "Bytes written over the network per update.",
           planned_ ? static_cast<double>(plan_->summary.wire_bytes) : 0);
   m.Gauge("wsync_plan_writes", "Write operations per update.",
-          planned_ ? static_cast<double>(plan_->table.ops.size()) : 0);
+          planned_ ? static_cast<double>(WriteCount(plan_->table.ops)) : 0);
   m.Family("wsync_versions_total", "counter", "Update versions that reached each state.");
   m.Sample("wsync_versions_total", "state=\"started\"", static_cast<double>(versions_.started_total()));
   m.Sample("wsync_versions_total", "state=\"complete\"", static_cast<double>(versions_.complete_total()));

@@ -88,7 +88,12 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
   return agent;
 }
 
-Status InferenceAgent::SetPlan(const InferenceRankPlan& plan) {
+Status InferenceAgent::SetPlan(const InferenceRankPlan& strided) {
+  // One entry per write that arrives: the checks, the expected immediates,
+  // the checksums and the shadow's copy-out all count and place single
+  // writes.
+  InferenceRankPlan plan = strided;
+  ExpandPlanes(&plan);
   if (plan.rank != rank_.rank) {
     return InvalidArgument("inference rank " + std::to_string(rank_.rank) + ": got the plan of rank " +
                            std::to_string(plan.rank));

@@ -52,9 +52,9 @@ class Runner {
       const Clock::time_point deadline = std::min(give_up, Clock::now() + std::chrono::seconds(1));
       StatusOr<controller::InferencePlanSlice> slice = client_.FetchInferencePlan(agent_.rank().rank, deadline);
       if (slice.ok()) {
-        if (slice->expected_writes != slice->plan.writes.size()) {
+        if (slice->expected_writes != WriteCount(slice->plan)) {
           return Internal(where_ + ": plan " + slice->plan_id + " says " + std::to_string(slice->expected_writes) +
-                          " writes but lists " + std::to_string(slice->plan.writes.size()));
+                          " writes but lists " + std::to_string(WriteCount(slice->plan)));
         }
         Log("plan " + slice->plan_id + ": " + std::to_string(slice->expected_writes) + " writes, " +
             std::to_string(slice->expected_bytes) + " bytes per version");

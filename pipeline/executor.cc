@@ -487,6 +487,7 @@ StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(TrainerRankPlan pla
   if (options.stage_through_host && options.device == nullptr) {
     return InvalidArgument("plan executor: host staging (stage_through_host) needs a device pipeline");
   }
+  ExpandPlanes(&plan);  // a write per plane: each has its own pack, post and checksum
   std::unique_ptr<PlanExecutor> executor(new PlanExecutor(std::move(plan)));
   executor->impl_ = std::make_unique<Impl>();
   Impl& impl = *executor->impl_;

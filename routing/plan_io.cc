@@ -69,9 +69,19 @@ json PlanHeadJson(const RoutingTable& table) {
           {"inference_endpoints", EndpointsJson(table.inference_endpoints)}};
 }
 
+// [mesh_group, src_rank, src, dst_rank, dst, kind, offsets, sizes,
+// dst_offset, bytes], and for a strided op [..., planes, plane_dim,
+// plane_stride] (plans without them read as before).
 json OpJson(const WriteOp& op) {
-  return json::array({op.mesh_group, op.src_rank, op.src, op.dst_rank, op.dst, op.kind == WriteKind::kScale ? "s" : "w",
-                      BoxArray(op.src_box, false), BoxArray(op.src_box, true), op.dst_offset, op.bytes});
+  json a = json::array({op.mesh_group, op.src_rank, op.src, op.dst_rank, op.dst,
+                        op.kind == WriteKind::kScale ? "s" : "w", BoxArray(op.src_box, false),
+                        BoxArray(op.src_box, true), op.dst_offset, op.bytes});
+  if (op.planes > 1) {
+    a.push_back(op.planes);
+    a.push_back(op.plane_dim);
+    a.push_back(op.plane_stride);
+  }
+  return a;
 }
 
 // OpJson(op).dump(), appended.
@@ -94,6 +104,14 @@ void AppendOp(std::string* out, const WriteOp& op) {
   AppendJsonInt(out, op.dst_offset);
   *out += ',';
   AppendJsonInt(out, op.bytes);
+  if (op.planes > 1) {
+    for (int64_t v : {int64_t{op.planes}, int64_t{op.plane_dim}}) {
+      *out += ',';
+      AppendJsonInt(out, v);
+    }
+    *out += ',';
+    AppendJsonInt(out, op.plane_stride);
+  }
   *out += ']';
 }
 
@@ -245,10 +263,10 @@ StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {
   for (size_t i = 0; i < ops->size(); ++i) {
     const json& a = (*ops)[i];
     const std::string where = source + ": ops[" + std::to_string(i) + "]";
-    if (!a.is_array() || a.size() != 10 || !a[5].is_string() || !a[6].is_array() || !a[7].is_array() ||
+    if (!a.is_array() || (a.size() != 10 && a.size() != 13) || !a[5].is_string() || !a[6].is_array() || !a[7].is_array() ||
         a[6].size() != a[7].size() || a[6].size() > static_cast<size_t>(kMaxDims))
       return InvalidArgument(where + ": expected [mesh_group, src_rank, src, dst_rank, dst, \"w\"|\"s\", "
-                             "[offsets], [sizes], dst_offset, bytes]");
+                             "[offsets], [sizes], dst_offset, bytes] or that and [planes, plane_dim, plane_stride]");
     WriteOp op;
     int64_t v[5];
     for (int k = 0; k < 5; ++k)
@@ -269,6 +287,23 @@ StatusOr<RoutingTable> PlanFromJson(const json& j, const std::string& source) {
       return InvalidArgument(where + ": dst_offset and bytes must be non-negative integers");
     op.dst_offset = a[8].get<uint64_t>();
     op.bytes = a[9].get<uint64_t>();
+    if (a.size() == 13) {
+      auto non_negative = [](const json& v, uint64_t* out) {
+        if (v.is_number_unsigned()) *out = v.get<uint64_t>();
+        else if (v.is_number_integer() && v.get<int64_t>() >= 0) *out = static_cast<uint64_t>(v.get<int64_t>());
+        else return false;
+        return true;
+      };
+      int64_t plane_dim = 0;
+      uint64_t planes = 0, stride = 0;
+      if (!non_negative(a[10], &planes) || !ReadInt(a[11], &plane_dim) || !non_negative(a[12], &stride))
+        return InvalidArgument(where + ": planes, plane_dim and plane_stride must be integers");
+      const std::string bad = StridedWriteError(planes, plane_dim, stride, op.bytes, &op.src_box);
+      if (!bad.empty()) return InvalidArgument(where + ": " + bad);
+      op.planes = static_cast<uint32_t>(planes);
+      op.plane_dim = static_cast<int32_t>(plane_dim);
+      op.plane_stride = stride;
+    }
     t.ops.push_back(op);
   }
   WSYNC_RETURN_IF_ERROR(EndpointsFromJson(tep, source + ": trainer_endpoints", &t.trainer_endpoints));

@@ -114,13 +114,13 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
   for (const WriteOp& op : table.ops) {
     const double b = static_cast<double>(op.bytes);
     s.wire_bytes += op.bytes;
-    ++s.writes;
+    s.writes += op.planes;
     sent[op.src_rank] += b;
-    writes[op.src_rank] += 1;
+    writes[op.src_rank] += op.planes;
     tnic[tnic_of[op.src_rank]] += b;
     inic[inic_of[op.dst_rank]] += b;
     g_sent[op.mesh_group][op.src_rank] += b;
-    g_writes[op.mesh_group][op.src_rank] += 1;
+    g_writes[op.mesh_group][op.src_rank] += op.planes;
     g_tnic[op.mesh_group][tnic_of[op.src_rank]] += b;
   }
   s.sender_bytes = Distribute(sent);

@@ -476,17 +476,43 @@ void Planner::RecordNeeds(RoutingTable* table) const {
               [](const SourceTensor::Holder& a, const SourceTensor::Holder& b) { return a.rank < b.rank; });
 }
 
+// How EmitRuns cuts `dbox` of a tensor of `shape` into ops: the box's
+// contiguous runs are its extent in the dims from `k` on (k: the last dim the
+// box does not span whole) at each index of the dims before. With `strided`,
+// the runs along dim k - 1 are one op of `planes` planes (a trainer rank's
+// rows of every stacked expert); the ops step through the dims before it.
+struct RunLayout {
+  int k = 0;
+  int plane_dim = -1;  // destination dim the planes step along; -1: none
+  int64_t planes = 1;
+  int64_t ops = 0;
+
+  RunLayout(const Box& dbox, const Shape& shape, const std::array<int8_t, kMaxDims>& dst_to_src, bool strided) {
+    const int nd = static_cast<int>(shape.size());
+    if (dbox.NumElements() == 0) return;
+    k = nd - 1;
+    while (k >= 0 && dbox.offset[k] == 0 && dbox.size[k] == shape[k]) --k;
+    if (strided && k >= 1 && dbox.size[k - 1] > 1 && dst_to_src[k - 1] >= 0) {
+      plane_dim = k - 1;
+      planes = dbox.size[plane_dim];
+    }
+    ops = 1;
+    for (int d = 0; d < (plane_dim >= 0 ? plane_dim : k); ++d) ops *= dbox.size[d];
+  }
+};
+
 void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Shape& shape,
                        int64_t esize, const Box& sbox, std::vector<WriteOp>* ops) const {
   const int nd = static_cast<int>(shape.size());
-  if (dbox.NumElements() == 0) return;
-  int k = nd - 1;  // last dim the box does not span fully
-  while (k >= 0 && dbox.offset[k] == 0 && dbox.size[k] == shape[k]) --k;
+  const RunLayout layout(dbox, shape, job.dst_to_src, opt_.exchange);
+  if (layout.ops == 0) return;
+  const int k = layout.k;
+  const int outer = layout.plane_dim >= 0 ? layout.plane_dim : k;  // the odometer's dims: [0, outer)
   std::array<int64_t, kMaxDims> stride{};
   stride[nd - 1] = 1;
   for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
-  Box run = dbox;
-  for (int d = 0; d < k; ++d) run.size[d] = 1;
+  Box run = dbox;  // one op's extent: one index of each outer dim, planes along plane_dim
+  for (int d = 0; d < outer; ++d) run.size[d] = 1;
   WriteOp op;
   op.mesh_group = job.mesh_group;
   op.src_rank = job.sender;
@@ -495,12 +521,17 @@ void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Sh
   op.dst = job.dst;
   op.kind = kind;
   op.src_box = sbox;
-  const uint64_t run_bytes = static_cast<uint64_t>(run.NumElements() * esize);
+  if (layout.plane_dim >= 0) {
+    op.planes = static_cast<uint32_t>(layout.planes);
+    op.plane_dim = job.dst_to_src[layout.plane_dim];
+    op.plane_stride = static_cast<uint64_t>(stride[layout.plane_dim] * esize);
+  }
+  const uint64_t op_bytes = static_cast<uint64_t>(run.NumElements() * esize);
   while (true) {
     int64_t off = 0;
     for (int d = 0; d < nd; ++d) off += run.offset[d] * stride[d];
     op.dst_offset = static_cast<uint64_t>(off * esize);
-    op.bytes = run_bytes;
+    op.bytes = op_bytes;
     for (int d = 0; d < nd; ++d) {
       const int sd = job.dst_to_src[d];
       if (sd < 0) continue;
@@ -508,24 +539,13 @@ void Planner::EmitRuns(const Job& job, WriteKind kind, const Box& dbox, const Sh
       op.src_box.size[sd] = run.size[d];
     }
     ops->push_back(op);
-    int d = k - 1;  // odometer over the outer dims
+    int d = outer - 1;  // odometer over the outer dims
     for (; d >= 0; --d) {
       if (++run.offset[d] < dbox.offset[d] + dbox.size[d]) break;
       run.offset[d] = dbox.offset[d];
     }
     if (d < 0) break;
   }
-}
-
-// Number of contiguous runs EmitRuns makes of `dbox` in `shape`.
-int64_t RunCount(const Box& dbox, const Shape& shape) {
-  const int nd = static_cast<int>(shape.size());
-  if (dbox.NumElements() == 0) return 0;
-  int k = nd - 1;
-  while (k >= 0 && dbox.offset[k] == 0 && dbox.size[k] == shape[k]) --k;
-  int64_t n = 1;
-  for (int d = 0; d < k; ++d) n *= dbox.size[d];
-  return n;
 }
 
 // The scale blocks a job covers: its rows/cols rounded out to block edges
@@ -566,11 +586,11 @@ void Planner::EmitOps(RoutingTable* table) {
   int64_t total = 0;
   for (const Job& job : jobs_) {
     const InferenceTensor& t = *dest_tensor_[job.dst];
-    total += RunCount(job.dst_box, t.shape);
+    total += RunLayout(job.dst_box, t.shape, job.dst_to_src, opt_.exchange).ops;
     if (const QuantRule* q = dest_quant_[job.dst]) {
       Box dsb, ssb;
       ScaleBoxes(job, *q, static_cast<int>(t.shape.size()), &dsb, &ssb);
-      total += RunCount(dsb, t.scale->shape);
+      total += RunLayout(dsb, t.scale->shape, job.dst_to_src, opt_.exchange).ops;
     }
   }
   std::vector<WriteOp>& ops = table->ops;

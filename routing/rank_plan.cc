@@ -307,6 +307,9 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
         w.region_offset = (op->kind == WriteKind::kScale ? dst.scale_where.offset : dst.where.offset) + op->dst_offset;
         w.bytes = op->bytes;
         w.dst_name = op->kind == WriteKind::kScale ? dst.scale_name : dst.name;
+        w.planes = op->planes;
+        w.plane_dim = op->plane_dim;
+        w.plane_stride = op->plane_stride;
         if (w.kind == WriteKind::kWeight && w.dst_dtype == DType::kFP8E4M3 &&
             !WholeBlocks(rs.held, src.global_shape, rs.block_rows, rs.block_cols)) {
           return InvalidArgument("tensor '" + src.name + "': fp8 blocks need whole " + std::to_string(rs.block_rows) +
@@ -314,7 +317,7 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
                                  std::to_string(rank) + " holds " + BoxText(rs.held));
         }
         plan.write_bytes += w.bytes;
-        ++plan.writes;
+        plan.writes += w.planes;
         peers.insert(w.dst_rank);
         rs.writes.push_back(std::move(w));
       }
@@ -362,10 +365,54 @@ InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t ra
     const DestTensor& dst = table.destinations[op.dst];
     const bool scale = op.kind == WriteKind::kScale;
     const RegionRef& where = scale ? dst.scale_where : dst.where;
-    plan.writes.push_back({where.region, where.offset + op.dst_offset, op.bytes, scale ? dst.scale_name : dst.name});
+    plan.writes.push_back({where.region, where.offset + op.dst_offset, op.bytes, scale ? dst.scale_name : dst.name,
+                           op.planes, op.plane_stride});
     plan.bytes += op.bytes;
   }
   return plan;
+}
+
+void ExpandPlanes(TrainerRankPlan* plan) {
+  for (RankMeshGroup& g : plan->groups)
+    for (RankSource& s : g.sources) {
+      if (std::all_of(s.writes.begin(), s.writes.end(), [](const RankWrite& w) { return w.planes <= 1; })) continue;
+      std::vector<RankWrite> plain;
+      for (RankWrite& w : s.writes) {
+        if (w.planes <= 1) {
+          plain.push_back(std::move(w));
+          continue;
+        }
+        RankWrite one = w;
+        one.planes = 1;
+        one.plane_dim = -1;
+        one.plane_stride = 0;
+        one.bytes = w.bytes / w.planes;
+        one.src_box.size[w.plane_dim] = 1;
+        for (uint32_t p = 0; p < w.planes; ++p) {
+          one.src_box.offset[w.plane_dim] = w.src_box.offset[w.plane_dim] + p;
+          one.region_offset = w.region_offset + p * w.plane_stride;
+          plain.push_back(one);
+        }
+      }
+      s.writes = std::move(plain);
+    }
+}
+
+void ExpandPlanes(InferenceRankPlan* plan) {
+  if (std::all_of(plan->writes.begin(), plan->writes.end(), [](const IncomingWrite& w) { return w.planes <= 1; }))
+    return;
+  std::vector<IncomingWrite> plain;
+  for (IncomingWrite& w : plan->writes) {
+    for (uint32_t p = 0; p < std::max<uint32_t>(w.planes, 1); ++p)
+      plain.push_back({w.region, w.offset + p * w.plane_stride, w.bytes / std::max<uint32_t>(w.planes, 1), w.tensor});
+  }
+  plan->writes = std::move(plain);
+}
+
+uint64_t WriteCount(const InferenceRankPlan& plan) {
+  uint64_t n = 0;
+  for (const IncomingWrite& w : plan.writes) n += std::max<uint32_t>(w.planes, 1);
+  return n;
 }
 
 namespace {
@@ -481,6 +528,14 @@ void AppendWrite(std::string* out, const RankWrite& w) {
   AppendJsonInt(out, w.bytes);
   *out += ',';
   AppendJsonString(out, w.dst_name);
+  if (w.planes > 1) {
+    for (int64_t v : {int64_t{w.planes}, int64_t{w.plane_dim}}) {
+      *out += ',';
+      AppendJsonInt(out, v);
+    }
+    *out += ',';
+    AppendJsonInt(out, w.plane_stride);
+  }
   *out += ']';
 }
 
@@ -559,6 +614,11 @@ nlohmann::json ToJson(const TrainerRankPlan& plan) {
       for (const RankWrite& w : s.writes) {
         writes.push_back({w.dst_rank, w.kind == WriteKind::kScale ? "s" : "w", DTypeName(w.dst_dtype),
                           BoxJson(w.src_box), w.region, w.region_offset, w.bytes, w.dst_name});
+        if (w.planes > 1) {
+          writes.back().push_back(w.planes);
+          writes.back().push_back(w.plane_dim);
+          writes.back().push_back(w.plane_stride);
+        }
       }
       sources.push_back(SourceHeadJson(s, gather.index[next++]));
       sources.back()["writes"] = std::move(writes);
@@ -622,7 +682,13 @@ std::string ToJsonText(const TrainerRankPlan& plan) {
 
 nlohmann::json ToJson(const InferenceRankPlan& plan) {
   nlohmann::json writes = nlohmann::json::array();
-  for (const IncomingWrite& w : plan.writes) writes.push_back({w.region, w.offset, w.bytes, w.tensor});
+  for (const IncomingWrite& w : plan.writes) {
+    writes.push_back({w.region, w.offset, w.bytes, w.tensor});
+    if (w.planes > 1) {
+      writes.back().push_back(w.planes);
+      writes.back().push_back(w.plane_stride);
+    }
+  }
   return {{"schema", "wsync.inference_rank_plan/v1"}, {"rank", plan.rank}, {"writes", std::move(writes)},
           {"bytes", plan.bytes}};
 }
@@ -639,6 +705,12 @@ std::string ToJsonText(const InferenceRankPlan& plan) {
     AppendJsonInt(&writes, w.bytes);
     writes += ',';
     AppendJsonString(&writes, w.tensor);
+    if (w.planes > 1) {
+      writes += ',';
+      AppendJsonInt(&writes, w.planes);
+      writes += ',';
+      AppendJsonInt(&writes, w.plane_stride);
+    }
     writes += ']';
   }
   writes += ']';
@@ -708,9 +780,10 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
         if (s.recv_rows.size() != s.send_rows.size())
           return InvalidArgument("rank plan: source '" + s.name + "': 'recv_rows' and 'send_rows' come together");
         for (const auto& wj : sj.at("writes")) {
-          if (!wj.is_array() || wj.size() != 8)
+          if (!wj.is_array() || (wj.size() != 8 && wj.size() != 11))
             return InvalidArgument("rank plan: source '" + s.name + "': a write must be [dst_rank, kind, dtype, "
-                                   "box, region, region_offset, bytes, dst_name]");
+                                   "box, region, region_offset, bytes, dst_name] or that and [planes, plane_dim, "
+                                   "plane_stride]");
           RankWrite w;
           WSYNC_ASSIGN_OR_RETURN(w.dst_rank, IntOf<int32_t>(wj[0], "dst_rank"));
           const std::string kind = wj[1].get<std::string>();
@@ -723,6 +796,16 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
           WSYNC_ASSIGN_OR_RETURN(w.region_offset, IntOf<uint64_t>(wj[5], "region_offset"));
           WSYNC_ASSIGN_OR_RETURN(w.bytes, IntOf<uint64_t>(wj[6], "bytes"));
           w.dst_name = wj[7].get<std::string>();
+          if (wj.size() == 11) {
+            uint64_t planes = 0;
+            WSYNC_ASSIGN_OR_RETURN(planes, IntOf<uint64_t>(wj[8], "planes"));
+            WSYNC_ASSIGN_OR_RETURN(w.plane_dim, IntOf<int32_t>(wj[9], "plane_dim"));
+            WSYNC_ASSIGN_OR_RETURN(w.plane_stride, IntOf<uint64_t>(wj[10], "plane_stride"));
+            const std::string bad = StridedWriteError(planes, w.plane_dim, w.plane_stride, w.bytes, &w.src_box);
+            if (!bad.empty())
+              return InvalidArgument("rank plan: source '" + s.name + "': write to '" + w.dst_name + "': " + bad);
+            w.planes = static_cast<uint32_t>(planes);
+          }
           s.writes.push_back(std::move(w));
         }
         g.sources.push_back(std::move(s));
@@ -752,14 +835,23 @@ StatusOr<InferenceRankPlan> ParseInferenceRankPlan(const nlohmann::json& j) {
     const nlohmann::json& writes = j.at("writes");
     if (!writes.is_array()) return InvalidArgument("rank plan: 'writes' must be an array");
     for (const nlohmann::json& wj : writes) {
-      if (!wj.is_array() || wj.size() != 4 || !wj[0].is_string() || !wj[3].is_string()) {
-        return InvalidArgument("rank plan: a write must be [region, offset, bytes, tensor], got " + wj.dump());
+      if (!wj.is_array() || (wj.size() != 4 && wj.size() != 6) || !wj[0].is_string() || !wj[3].is_string()) {
+        return InvalidArgument("rank plan: a write must be [region, offset, bytes, tensor] or that and "
+                               "[planes, plane_stride], got " + wj.dump());
       }
       IncomingWrite w;
       w.region = wj[0].get<std::string>();
       WSYNC_ASSIGN_OR_RETURN(w.offset, IntOf<uint64_t>(wj[1], "write offset"));
       WSYNC_ASSIGN_OR_RETURN(w.bytes, IntOf<uint64_t>(wj[2], "write bytes"));
       w.tensor = wj[3].get<std::string>();
+      if (wj.size() == 6) {
+        uint64_t planes = 0;
+        WSYNC_ASSIGN_OR_RETURN(planes, IntOf<uint64_t>(wj[4], "planes"));
+        WSYNC_ASSIGN_OR_RETURN(w.plane_stride, IntOf<uint64_t>(wj[5], "plane_stride"));
+        const std::string bad = StridedWriteError(planes, -1, w.plane_stride, w.bytes, nullptr);
+        if (!bad.empty()) return InvalidArgument("rank plan: write to '" + w.tensor + "': " + bad);
+        w.planes = static_cast<uint32_t>(planes);
+      }
       plan.writes.push_back(std::move(w));
     }
     WSYNC_ASSIGN_OR_RETURN(plan.bytes, IntOf<uint64_t>(j.at("bytes"), "bytes"));

@@ -21,7 +21,8 @@
 
 namespace wsync {
 
-// One WriteOp, resolved to where its bytes land in the receiver's memory.
+// One WriteOp, resolved to where its bytes land in the receiver's memory;
+// strided like its op where planes > 1 (ExpandPlanes makes them plain).
 struct RankWrite {
   int32_t dst_rank = -1;
   WriteKind kind = WriteKind::kWeight;
@@ -29,8 +30,11 @@ struct RankWrite {
   Box src_box;                     // source element grid, or block grid for kScale
   std::string region;              // region id on dst_rank
   uint64_t region_offset = 0;      // bytes from the region start
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;              // of all planes
   std::string dst_name;            // engine tensor name, for error messages
+  uint32_t planes = 1;
+  int32_t plane_dim = -1;          // source dim, as WriteOp::plane_dim
+  uint64_t plane_stride = 0;
 };
 
 // Rows [offset, offset + size) of one tensor dim.
@@ -90,8 +94,10 @@ struct TrainerRankPlan {
 struct IncomingWrite {
   std::string region;
   uint64_t offset = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // of all planes
   std::string tensor;  // destination tensor (its scale for scale writes)
+  uint32_t planes = 1;  // strided as WriteOp where > 1
+  uint64_t plane_stride = 0;
 };
 
 struct InferenceRankPlan {
@@ -130,6 +136,15 @@ StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTabl
                                                                const InferenceSpec& inference, bool writes = true);
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
                                            const std::vector<uint32_t>* rank_ops = nullptr);
+
+// Every strided write of the plan replaced in place by its planes, one
+// plain write each: what the executor and the inference agent work from (a
+// slice carries them strided: a Kimi-K2 exchange is 18 M writes as plain
+// ones and 1 M as strided ones).
+void ExpandPlanes(TrainerRankPlan* plan);
+void ExpandPlanes(InferenceRankPlan* plan);
+// The writes that arrive at the rank: its writes' planes.
+uint64_t WriteCount(const InferenceRankPlan& plan);
 
 // The bytes rank `src` receives from gather peer i while unsharding (the
 // exchange's rows, or that peer's all-gather chunk), and sends to it (`mine`:

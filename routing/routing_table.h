@@ -83,6 +83,13 @@ struct DestTensor {
 // destination dtype's element grid, or the block grid for kScale), laid out
 // row-major, lands at `dst_offset` bytes into destination `dst`'s weight (or
 // scale) memory. Invariant: the box's bytes are contiguous at the destination.
+//
+// Or, with planes > 1, that many such writes at a constant stride (a strided
+// op): plane p is index src_box.offset[plane_dim] + p of source dim
+// `plane_dim` (the box spans all planes there; every plane has the same
+// shape) and lands at dst_offset + p * plane_stride. One trainer rank's rows
+// of each of 384 stacked experts are one op instead of 384 (PlaneOf expands
+// one). Only planned-exchange tables have them (PlanOptions::exchange).
 struct WriteOp {
   int32_t mesh_group = -1;
   int32_t src_rank = -1;      // trainer rank that issues it
@@ -92,8 +99,24 @@ struct WriteOp {
   WriteKind kind = WriteKind::kWeight;
   Box src_box;
   uint64_t dst_offset = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;         // of all its planes together
+  uint32_t planes = 1;
+  int32_t plane_dim = -1;     // source dim the planes step along; -1 with one plane
+  uint64_t plane_stride = 0;  // destination bytes from one plane to the next
 };
+
+// Plane p (< op.planes) of an op, as an op of one plane.
+WriteOp PlaneOf(const WriteOp& op, uint32_t p);
+// The one-sided writes `ops` stand for (their planes), and those ops with
+// every strided one expanded in place: what independent checks walk.
+uint64_t WriteCount(const std::vector<WriteOp>& ops);
+std::vector<WriteOp> ExpandPlanes(const std::vector<WriteOp>& ops);
+// Why `planes` planes of `bytes` in all, `plane_stride` bytes apart at the
+// destination and stepping along dim `plane_dim` of `box` (nullptr: a write
+// without its source box), are not a strided write; empty if they are. What
+// the plan and slice parsers check before anything expands them.
+std::string StridedWriteError(uint64_t planes, int64_t plane_dim, uint64_t plane_stride, uint64_t bytes,
+                              const Box* box);
 
 struct MeshGroupInfo {
   std::string name;

@@ -143,6 +143,9 @@ InferenceSpec EpEngine(int64_t I, int64_t H, const std::vector<ExpertRange>& ran
 struct OpView {
   std::vector<int64_t> offset, size;
   uint64_t dst_offset, bytes;
+  uint32_t planes = 1;  // a strided op: planes along plane_dim, plane_stride apart
+  int32_t plane_dim = -1;
+  uint64_t plane_stride = 0;
   bool operator==(const OpView&) const = default;
 };
 std::ostream& operator<<(std::ostream& os, const OpView& v) {
@@ -150,7 +153,9 @@ std::ostream& operator<<(std::ostream& os, const OpView& v) {
   for (auto x : v.offset) os << x << ",";
   os << "] size[";
   for (auto x : v.size) os << x << ",";
-  return os << "] @" << v.dst_offset << " +" << v.bytes;
+  os << "] @" << v.dst_offset << " +" << v.bytes;
+  if (v.planes > 1) os << " x" << v.planes << " planes (dim " << v.plane_dim << ", stride " << v.plane_stride << ")";
+  return os;
 }
 
 std::vector<OpView> Ops(const RoutingTable& t, int32_t rank, const std::string& name, WriteKind kind) {
@@ -158,7 +163,7 @@ std::vector<OpView> Ops(const RoutingTable& t, int32_t rank, const std::string& 
   for (const WriteOp& op : t.ops) {
     const DestTensor& d = t.destinations[op.dst];
     if (d.rank != rank || d.name != name || op.kind != kind) continue;
-    OpView v{{}, {}, op.dst_offset, op.bytes};
+    OpView v{{}, {}, op.dst_offset, op.bytes, op.planes, op.plane_dim, op.plane_stride};
     for (int i = 0; i < op.src_box.ndim; ++i) {
       v.offset.push_back(op.src_box.offset[i]);
       v.size.push_back(op.src_box.size[i]);
@@ -181,12 +186,22 @@ TEST(ChunkPartTest, FusedGateUpUnderTpLandsAsGateChunkThenUpChunkPerExpert) {
 
 TEST(ChunkPartTest, TpRankOneGetsRowsThreeToSixOfEachHalfPerExpert) {
   // I = 6 over TP 2: rank 1 holds gate rows [3, 6) and up rows [6+3, 6+6)
-  // of every expert; each (expert, half) is one 3x5 bf16 run of 30 bytes.
+  // of every expert; each (expert, half) is one 3x5 bf16 run of 30 bytes,
+  // and the exchange cuts at the trainer's FSDP shard edge (experts [0, 2)
+  // and [2, 4)): per shard and half, one strided op of a plane per expert,
+  // 60 bytes apart (an expert's 6 rows of 5 at the destination).
   const int64_t E = 4, I = 6, H = 5;
   std::vector<Expect> expect;
   InferenceSpec engine = TpEngine(E, I, H, 2, DType::kBF16, &expect);
   RoutingTable table;
   PlanAndCompare(FusedTrainer(E, I, H), engine, FusedMapping(), expect, &table);
+  EXPECT_EQ(Ops(table, 1, "w13_weight", WriteKind::kWeight),
+            (std::vector<OpView>{{{0, 3, 0}, {2, 3, 5}, 0, 60, 2, 0, 60},
+                                 {{0, 9, 0}, {2, 3, 5}, 30, 60, 2, 0, 60},
+                                 {{2, 3, 0}, {2, 3, 5}, 120, 60, 2, 0, 60},
+                                 {{2, 9, 0}, {2, 3, 5}, 150, 60, 2, 0, 60}}));
+  // The full_tensor plan keeps a plain write per run.
+  PlanAndCompare(FusedTrainer(E, I, H), engine, FusedMapping(), expect, &table, /*exchange=*/false);
   std::vector<OpView> want;
   for (int64_t e = 0; e < E; ++e) {
     want.push_back({{e, 3, 0}, {1, 3, 5}, static_cast<uint64_t>(e * 60), 30});

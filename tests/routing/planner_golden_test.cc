@@ -412,9 +412,18 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStradd
     if (rows == 256) {
       // A write per (EP slice, expert, shard) for weights and scales, where
       // full_tensor writes each EP slice's experts at once; nobody receives a
-      // row: each shard is written as it is.
+      // row: each shard is written as it is. The experts of one (slice,
+      // shard) are one strided op of a plane each.
       EXPECT_EQ(full->ops.size(), 2u * 2);
-      EXPECT_EQ(table->ops.size(), 2u * 2 * 2 * 2);
+      EXPECT_EQ(WriteCount(table->ops), 2u * 2 * 2 * 2);
+      EXPECT_EQ(table->ops.size(), 2u * 2 * 2);
+      for (const WriteOp& op : table->ops) {
+        EXPECT_EQ(op.planes, 2u);
+        EXPECT_EQ(op.plane_dim, 0);  // the source's expert dim
+        // An expert apart at the destination: 256 rows of 128 fp8 bytes, or
+        // 2 x 1 fp32 scale blocks.
+        EXPECT_EQ(op.plane_stride, op.kind == WriteKind::kWeight ? 256u * 128 : 2u * 4);
+      }
       EXPECT_EQ(check.exchange_bytes, 0u);
       EXPECT_GT(check.full_tensor_bytes, 0u);
     } else {
@@ -424,7 +433,8 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStradd
       // other shard, of both experts: 2 slices x 2 experts x 64 rows x 128 x
       // bf16, where full_tensor moves 192 rows of both experts to each of 4
       // ranks.
-      EXPECT_EQ(table->ops.size(), 2u * 2 * 2 * 2);
+      EXPECT_EQ(WriteCount(table->ops), 2u * 2 * 2 * 2);
+      EXPECT_EQ(table->ops.size(), 2u * 2 * 2);
       EXPECT_EQ(check.exchange_bytes, 2u * 2 * 64 * 128 * 2);
       EXPECT_EQ(check.full_tensor_bytes, 4u * 2 * 192 * 128 * 2);
       for (int32_t rank = 0; rank < 4; ++rank) {
@@ -436,6 +446,84 @@ TEST(PlannerGoldenTest, StackedExpertsAreCutAtBlockEdgesAndExchangeOnlyTheStradd
       }
     }
   }
+}
+
+// A strided op (one trainer rank's rows of each stacked expert) travels as
+// one entry through plan.json and both slices, and expands into the same
+// single writes wherever it is expanded: in the table, in a trainer's slice
+// and in an inference rank's.
+TEST(StridedWritesTest, RoundTripAndExpandToTheSameWritesEverywhere) {
+  StackedFp8 c = MakeStackedFp8(256);
+  auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_TRUE(std::any_of(table->ops.begin(), table->ops.end(), [](const WriteOp& op) { return op.planes > 1; }));
+  auto back = PlanFromJson(PlanToJson(*table), "plan.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(PlanToText(*back), PlanToText(*table));
+
+  RoutingTable plain = *table;
+  plain.ops = ExpandPlanes(table->ops);
+  EXPECT_EQ(plain.ops.size(), WriteCount(table->ops));
+  for (const WriteOp& op : plain.ops) EXPECT_EQ(op.planes, 1u);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("trainer rank " + std::to_string(rank));
+    auto strided = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
+    auto want = ExtractTrainerRankPlan(plain, c.trainer, c.inference, rank);
+    ASSERT_TRUE(strided.ok() && want.ok());
+    EXPECT_EQ(strided->writes, want->writes);  // counted as writes that land
+    auto parsed = ParseTrainerRankPlan(nlohmann::json::parse(ToJsonText(*strided)));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_EQ(ToJsonText(*parsed), ToJsonText(*strided));
+    ExpandPlanes(&*parsed);
+    EXPECT_EQ(ToJsonText(*parsed), ToJsonText(*want));
+  }
+  InferenceRankPlan strided = ExtractInferenceRankPlan(*table, 0);
+  InferenceRankPlan want = ExtractInferenceRankPlan(plain, 0);
+  EXPECT_LT(strided.writes.size(), want.writes.size());
+  EXPECT_EQ(WriteCount(strided), want.writes.size());
+  auto parsed = ParseInferenceRankPlan(nlohmann::json::parse(ToJsonText(strided)));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(ToJsonText(*parsed), ToJsonText(strided));
+  ExpandPlanes(&*parsed);
+  EXPECT_EQ(ToJsonText(*parsed), ToJsonText(want));
+}
+
+// A malformed strided write in plan.json or a slice is one line naming what
+// is wrong, before anything expands it into writes outside its tensor.
+TEST(StridedWritesTest, MalformedOnesAreRefusedSayingWhy) {
+  StackedFp8 c = MakeStackedFp8(256);
+  auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  const nlohmann::json good = PlanToJson(*table);
+  size_t k = 0;
+  while (good["ops"][k].size() != 13) ++k;  // the first strided op
+  auto refused = [&](size_t field, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    j["ops"][k][field] = value;
+    auto r = PlanFromJson(j, "plan.json");
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  const std::string at = "plan.json: ops[" + std::to_string(k) + "]: ";
+  const uint64_t bytes = good["ops"][k][9].get<uint64_t>();  // 2 planes
+  EXPECT_EQ(refused(10, 0), at + "a strided write needs at least one plane");
+  EXPECT_EQ(refused(10, 3), at + "its box spans 2 along plane_dim 0, not its 3 planes");
+  EXPECT_EQ(refused(11, 5), at + "plane_dim 5 is not a dim of its 3-d box");
+  EXPECT_EQ(refused(9, bytes + 1), at + std::to_string(bytes + 1) + " bytes do not divide into 2 equal planes");
+  EXPECT_EQ(refused(12, 1), at + "planes of " + std::to_string(bytes / 2) + " bytes overlap at a stride of 1");
+  EXPECT_EQ(refused(12, UINT64_MAX), at + "a stride of 18446744073709551615 bytes over 2 planes passes 2^64");
+  EXPECT_EQ(refused(12, -1), at + "planes, plane_dim and plane_stride must be integers");
+
+  InferenceRankPlan incoming = ExtractInferenceRankPlan(*table, 0);
+  nlohmann::json slice = ToJson(incoming);
+  size_t w = 0;
+  while (slice["writes"][w].size() != 6) ++w;
+  slice["writes"][w][5] = 0;
+  auto r = ParseInferenceRankPlan(slice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: write to '" + slice["writes"][w][3].get<std::string>() +
+                                      "': planes of " +
+                                      std::to_string(slice["writes"][w][2].get<uint64_t>() / 2) +
+                                      " bytes overlap at a stride of 0");
 }
 
 // The slices the controller serves are written as text; they must be the

@@ -331,7 +331,9 @@ TEST(SpecIoTest, SliceNumbersMustBeIntegersAndDtypesKnown) {
   slice["writes"] = json::array({json::array({"w", 0})});
   r = ParseInferenceRankPlan(slice);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(), "rank plan: a write must be [region, offset, bytes, tensor], got [\"w\",0]");
+  EXPECT_EQ(r.status().message(),
+            "rank plan: a write must be [region, offset, bytes, tensor] or that and [planes, plane_stride], got "
+            "[\"w\",0]");
   slice["writes"] = json::array({json::array({"w", 0, 512, "a"})});
   slice["rank"] = 1.5;
   r = ParseInferenceRankPlan(slice);

@@ -196,9 +196,32 @@ CheckResult CheckPlan(const TrainerSpec& trainer, const InferenceSpec& inference
     if (tensors[i]->scale) scount[i].assign(Elements(tensors[i]->scale->shape) * 4, 0);
   }
   std::map<std::pair<int32_t, int32_t>, HeldBox> held;
+  // Strided ops are checked as their planes, expanded here by the rule
+  // routing_table.h states, not by the code under test.
+  std::vector<std::pair<size_t, WriteOp>> plain;
   for (size_t k = 0; k < table.ops.size(); ++k) {
     const WriteOp& op = table.ops[k];
-    auto fail = [&](const std::string& what) {
+    if (op.planes <= 1) {
+      plain.push_back({k, op});
+      continue;
+    }
+    if (op.plane_dim < 0 || op.plane_dim >= op.src_box.ndim || op.src_box.size[op.plane_dim] != op.planes ||
+        op.bytes % op.planes != 0) {
+      if (res.error.empty()) res.error = "op " + std::to_string(k) + ": malformed strided op";
+      continue;
+    }
+    for (uint32_t p = 0; p < op.planes; ++p) {
+      WriteOp one = op;
+      one.planes = 1;
+      one.src_box.offset[op.plane_dim] += p;
+      one.src_box.size[op.plane_dim] = 1;
+      one.dst_offset += p * op.plane_stride;
+      one.bytes /= op.planes;
+      plain.push_back({k, one});
+    }
+  }
+  for (const auto& [k, op] : plain) {
+    auto fail = [&, k = k](const std::string& what) {
       if (res.error.empty()) res.error = "op " + std::to_string(k) + ": " + what;
     };
     if (op.dst < 0 || op.dst >= static_cast<int32_t>(tensors.size())) { fail("bad dst"); continue; }

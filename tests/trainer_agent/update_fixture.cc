@@ -192,7 +192,9 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   }
   for (int r = 0; r < kInference; ++r) {
     uint32_t arrivals = 0;
-    for (const IncomingWrite& w : ExtractInferenceRankPlan(f->table, r).writes) {
+    InferenceRankPlan incoming = ExtractInferenceRankPlan(f->table, r);
+    ExpandPlanes(&incoming);  // arrivals are counted per write that lands: per plane
+    for (const IncomingWrite& w : incoming.writes) {
       const uint64_t bytes = w.bytes;
       arrivals += f->targets[r].engine->ArrivalsPerWrite(bytes);
     }
