@@ -231,7 +231,8 @@ int RunBenchController(const BenchControllerOptions& opt) {
               {"controller_peak_rss_bytes", rss_peak},
               {"controller_rss_after_bytes", rss_now},
               {"controller_rss_idle_bytes", rss_idle},
-              {"writes", plan.value("ops", 0)},
+              {"writes", plan.value("writes", 0)},
+              {"ops", plan.value("ops", 0)},
               {"agent_max_prepare_seconds", max_prepare},
               {"agent_max_parse_seconds", max_parse},
               {"slice_bytes", slice_bytes}};
@@ -247,9 +248,9 @@ int RunBenchController(const BenchControllerOptions& opt) {
   std::printf("  registrations      every one answered by %.3f s; first slice at %.3f s\n", last_registered,
               first_served);
   std::printf("  planning pass      %.3f s outside the lock (assemble %.3f s, plan %.3f s, persist %.3f s); "
-              "%lld writes\n",
+              "%lld writes in %lld ops\n",
               plan_s, assemble_s, plan_s - assemble_s - persist_s, persist_s,
-              static_cast<long long>(plan.value("ops", 0)));
+              static_cast<long long>(plan.value("writes", 0)), static_cast<long long>(plan.value("ops", 0)));
   std::printf("  each agent's own   at most %.3f s to serialize its registration, %.3f s to parse its slice "
               "(on its own host; here outside the clock); %.1f MB of slices\n",
               max_prepare, max_parse, slice_bytes / 1e6);

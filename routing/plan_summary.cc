@@ -115,6 +115,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
     const double b = static_cast<double>(op.bytes);
     s.wire_bytes += op.bytes;
     s.writes += op.planes;
+    ++s.ops;
     sent[op.src_rank] += b;
     writes[op.src_rank] += op.planes;
     tnic[tnic_of[op.src_rank]] += b;
@@ -274,7 +275,8 @@ std::string FormatSummaryText(const PlanSummary& s) {
     << " engine tensors (+" << s.dest_scales << " fp8 scale tensors)\n";
   o << "  bytes        stored on trainers " << Bytes(s.total_bytes) << ", held by inference "
     << Bytes(s.dest_bytes) << ", on the wire " << Bytes(s.wire_bytes) << "\n";
-  o << "  writes       " << s.writes << " (per sender: " << DistText(s.writes_per_sender, false) << ")\n";
+  o << "  writes       " << s.writes << " in " << s.ops << " ops (per sender: " << DistText(s.writes_per_sender, false)
+    << ")\n";
   o << "  sender rank  " << DistText(s.sender_bytes, true) << "\n";
   o << "  sender NIC   " << DistText(s.sender_nic_bytes, true) << "\n";
   o << "  receiver NIC " << DistText(s.receiver_nic_bytes, true) << "\n";
@@ -336,6 +338,7 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["dest_bytes"] = s.dest_bytes;
   j["wire_bytes"] = s.wire_bytes;
   j["writes"] = s.writes;
+  j["ops"] = s.ops;
   j["max_sender_bytes"] = s.sender_bytes.max;
   j["mean_sender_bytes"] = s.sender_bytes.mean;
   j["sender_bytes"] = DistJson(s.sender_bytes);

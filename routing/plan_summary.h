@@ -63,7 +63,8 @@ struct PlanSummary {
   uint64_t total_bytes = 0;       // model as stored on the trainers
   uint64_t dest_bytes = 0;        // bytes all inference ranks hold (weights + scales)
   uint64_t wire_bytes = 0;        // bytes written over the network per update
-  uint64_t writes = 0;
+  uint64_t writes = 0;            // one-sided writes: a strided op's planes each
+  uint64_t ops = 0;               // the plan's entries: a strided op once
   Distribution sender_bytes;      // per trainer rank
   Distribution sender_nic_bytes;  // per trainer (host, nic)
   Distribution receiver_nic_bytes;  // per inference (host, nic)

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 
 #include "routing/chunking.h"
@@ -441,7 +442,7 @@ uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine) {
 
 namespace {
 
-constexpr const char* kTrainerPlanSchema = "wsync.trainer_rank_plan/v2";
+constexpr const char* kTrainerPlanSchema = "wsync.trainer_rank_plan/v3";
 
 // A slice names each source's all-gather group by its index into one table
 // of the slice's distinct groups ("gather_sets", first-use order; -1: the
@@ -481,9 +482,10 @@ nlohmann::json SourceHeadJson(const RankSource& s, int32_t gather_set) {
                       {"gather_dim", s.gather_dim}, {"gather_set", gather_set},
                       {"block", {s.block_rows, s.block_cols}}};
   if (s.exchange()) {
-    for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
+    for (const auto& [key, rows] : {std::pair{"recv", &s.recv_rows}, std::pair{"send", &s.send_rows}}) {
       nlohmann::json list = nlohmann::json::array();
-      for (const Rows& r : *rows) list.push_back({r.offset, r.size});
+      for (size_t i = 0; i < rows->size(); ++i)
+        if ((*rows)[i].size != 0) list.push_back({i, (*rows)[i].offset, (*rows)[i].size});
       j[key] = std::move(list);
     }
   }
@@ -553,11 +555,19 @@ void AppendBox(std::string* out, const Box& b) {
   *out += "]]";
 }
 
+// The non-empty pieces only, as [gather index, begin, rows]: most of a
+// Kimi-K2 rank's 128 peers have no rows of a source for it, and listing
+// them was most of a trainer slice's bytes.
 void AppendRowsList(std::string* out, const std::vector<Rows>& rows) {
   *out += '[';
+  bool first = true;
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (i > 0) *out += ',';
+    if (rows[i].size == 0) continue;
+    if (!first) *out += ',';
+    first = false;
     *out += '[';
+    AppendJsonInt(out, static_cast<int64_t>(i));
+    *out += ',';
     AppendJsonInt(out, rows[i].offset);
     *out += ',';
     AppendJsonInt(out, rows[i].size);
@@ -588,9 +598,9 @@ void AppendSource(std::string* out, const RankSource& s, int32_t gather_set) {
   *out += ",\"name\":";
   AppendJsonString(out, s.name);
   if (s.exchange()) {
-    *out += ",\"recv_rows\":";
+    *out += ",\"recv\":";
     AppendRowsList(out, s.recv_rows);
-    *out += ",\"send_rows\":";
+    *out += ",\"send\":";
     AppendRowsList(out, s.send_rows);
   }
   *out += ",\"writes\":[";
@@ -762,23 +772,40 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
           return InvalidArgument("rank plan: source '" + s.name + "': 'block' must be [rows, cols]");
         WSYNC_ASSIGN_OR_RETURN(s.block_rows, IntOf<int64_t>(block[0], "block"));
         WSYNC_ASSIGN_OR_RETURN(s.block_cols, IntOf<int64_t>(block[1], "block"));
-        for (const auto& [key, rows] : {std::pair{"recv_rows", &s.recv_rows}, std::pair{"send_rows", &s.send_rows}}) {
+        // An exchange lists its non-empty pieces, [gather index, begin,
+        // rows] in index order; the rest are empty (placed at the start of
+        // what the rank holds, or of its shard, so nothing points outside).
+        const bool rows_known = s.gather_dim >= 0 && s.gather_dim < s.held.ndim && s.gather_dim < s.local.ndim;
+        for (const auto& [key, rows, at] :
+             {std::tuple{"recv", &s.recv_rows, rows_known ? s.held.offset[s.gather_dim] : 0},
+              std::tuple{"send", &s.send_rows, rows_known ? s.local.offset[s.gather_dim] : 0}}) {
           auto it = sj.find(key);
           if (it == sj.end()) continue;
-          if (!it->is_array() || it->size() != s.gather_ranks.size())
-            return InvalidArgument("rank plan: source '" + s.name + "': '" + key +
-                                   "' must list one [begin, rows] per gather rank");
+          if (!it->is_array())
+            return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' must list [index, begin, rows]");
+          rows->assign(s.gather_ranks.size(), Rows{at, 0});
+          int64_t last = -1;
           for (const auto& rj : *it) {
-            if (!rj.is_array() || rj.size() != 2)
-              return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' entries are [begin, rows]");
+            if (!rj.is_array() || rj.size() != 3)
+              return InvalidArgument("rank plan: source '" + s.name + "': '" + key +
+                                     "' entries are [gather index, begin, rows]");
+            int64_t i = 0;
             Rows r;
-            WSYNC_ASSIGN_OR_RETURN(r.offset, IntOf<int64_t>(rj[0], key));
-            WSYNC_ASSIGN_OR_RETURN(r.size, IntOf<int64_t>(rj[1], key));
-            rows->push_back(r);
+            WSYNC_ASSIGN_OR_RETURN(i, IntOf<int64_t>(rj[0], key));
+            WSYNC_ASSIGN_OR_RETURN(r.offset, IntOf<int64_t>(rj[1], key));
+            WSYNC_ASSIGN_OR_RETURN(r.size, IntOf<int64_t>(rj[2], key));
+            if (i <= last || i >= static_cast<int64_t>(rows->size()))
+              return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' index " + std::to_string(i) +
+                                     " is out of order or not one of its " + std::to_string(rows->size()) +
+                                     " gather ranks");
+            last = i;
+            (*rows)[i] = r;
           }
         }
-        if (s.recv_rows.size() != s.send_rows.size())
-          return InvalidArgument("rank plan: source '" + s.name + "': 'recv_rows' and 'send_rows' come together");
+        if (sj.contains("recv") != sj.contains("send"))
+          return InvalidArgument("rank plan: source '" + s.name + "': 'recv' and 'send' come together");
+        if (sj.contains("recv") && s.gather_ranks.empty())
+          return InvalidArgument("rank plan: source '" + s.name + "': an exchange needs a gather group");
         for (const auto& wj : sj.at("writes")) {
           if (!wj.is_array() || (wj.size() != 8 && wj.size() != 11))
             return InvalidArgument("rank plan: source '" + s.name + "': a write must be [dst_rank, kind, dtype, "

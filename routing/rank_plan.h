@@ -152,7 +152,7 @@ uint64_t WriteCount(const InferenceRankPlan& plan);
 uint64_t UnshardBytesFrom(const RankSource& src, int64_t i);
 uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine);
 
-// A trainer plan (wsync.trainer_rank_plan/v2) lists its distinct all-gather
+// A trainer plan (wsync.trainer_rank_plan/v3) lists its distinct all-gather
 // groups once, in "gather_sets", and each source names its group by index
 // ("gather_set", -1 for none); ParseTrainerRankPlan expands it back into
 // RankSource::gather_ranks.

@@ -526,6 +526,52 @@ TEST(StridedWritesTest, MalformedOnesAreRefusedSayingWhy) {
                                       " bytes overlap at a stride of 0");
 }
 
+// A trainer slice lists only the non-empty exchange pieces, [gather index,
+// begin, rows]; parsed back, every gather rank has its piece again, and a
+// list out of order or naming a rank outside the group is one error line.
+TEST(RankPlanTextTest, ExchangePiecesAreListedOnlyWhereNonEmpty) {
+  StackedFp8 c = MakeStackedFp8(384);
+  auto table = Plan(c.trainer, c.inference, c.mapping, Exchange());
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const RankSource& src = plan->groups.at(0).sources.at(0);
+  ASSERT_TRUE(src.exchange());
+  const nlohmann::json j = nlohmann::json::parse(ToJsonText(*plan));
+  const nlohmann::json& sj = j["groups"][0]["sources"][0];
+  size_t listed = 0;
+  for (size_t i = 0; i < src.recv_rows.size(); ++i) {
+    if (src.recv_rows[i].size == 0) continue;
+    ASSERT_LT(listed, sj["recv"].size());
+    EXPECT_EQ(sj["recv"][listed], nlohmann::json::array({i, src.recv_rows[i].offset, src.recv_rows[i].size}));
+    ++listed;
+  }
+  EXPECT_EQ(sj["recv"].size(), listed);
+  auto back = ParseTrainerRankPlan(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  const RankSource& got = back->groups.at(0).sources.at(0);
+  ASSERT_EQ(got.recv_rows.size(), src.gather_ranks.size());
+  ASSERT_EQ(got.send_rows.size(), src.gather_ranks.size());
+  for (size_t i = 0; i < src.recv_rows.size(); ++i) {
+    EXPECT_EQ(got.recv_rows[i].size, src.recv_rows[i].size) << i;
+    EXPECT_EQ(got.send_rows[i].size, src.send_rows[i].size) << i;
+    if (src.recv_rows[i].size > 0) EXPECT_EQ(got.recv_rows[i].offset, src.recv_rows[i].offset) << i;
+    if (src.send_rows[i].size > 0) EXPECT_EQ(got.send_rows[i].offset, src.send_rows[i].offset) << i;
+  }
+  nlohmann::json bad = j;
+  bad["groups"][0]["sources"][0]["send"] = nlohmann::json::array({nlohmann::json::array({7, 0, 1})});
+  auto r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: source '" + src.name +
+                                      "': 'send' index 7 is out of order or not one of its " +
+                                      std::to_string(src.gather_ranks.size()) + " gather ranks");
+  bad = j;
+  bad["groups"][0]["sources"][0].erase("send");
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: source '" + src.name + "': 'recv' and 'send' come together");
+}
+
 // The slices the controller serves are written as text; they must be the
 // trees' own dump, byte for byte, exchange rows, scale writes and names that
 // need escaping included.
