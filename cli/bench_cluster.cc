@@ -59,7 +59,7 @@ struct BenchClusterOptions {
   std::string work_dir;
   std::string format = "text";
   bool verify = true;
-  bool exchange = false;
+  bool exchange = true;
   uint64_t watermark = 256ull << 20;
 };
 
@@ -298,8 +298,9 @@ void AddBenchCluster(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check of the last update");
-  cmd->add_flag("--exchange", opt->exchange,
-                "unshard by the planned exchange (each trainer rank receives only the rows it writes)");
+  cmd->add_flag("--exchange,!--full-tensor", opt->exchange,
+                "unshard by the planned exchange (the default: each trainer rank receives only the rows it writes) "
+                "or all-gather whole tensors (--full-tensor)");
   cmd->callback([opt] {
     if (opt->updates < 1) {
       std::fprintf(stderr, "wsync bench cluster: --updates must be at least 1\n");

@@ -43,7 +43,7 @@ struct BenchControllerOptions {
   std::string format = "text";
   std::string work_dir;
   int descriptor_bytes = 160;
-  bool exchange = false;
+  bool exchange = true;
 };
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -99,7 +99,7 @@ int RunBenchController(const BenchControllerOptions& opt) {
       demo::SelfExecutable(), "controller", "--listen", "127.0.0.1:0", "--state-dir", work + "/state",
       "--trainers", std::to_string(trainers), "--inference", std::to_string(inference), "--mapping",
       mapping_path, "--secret-file", secret_path, "--world-timeout", "600"};
-  if (opt.exchange) argv.push_back("--exchange");
+  argv.push_back(opt.exchange ? "--exchange" : "--full-tensor");
   StatusOr<demo::ChildProcess> child = demo::ChildProcess::Spawn("controller", argv, work + "/controller.log");
   if (!child.ok()) return Fail(child.status().message());
   StatusOr<std::string> address = child->ReadLine(std::chrono::seconds(30));
@@ -267,7 +267,8 @@ void AddBenchController(CLI::App& bench) {
       "controller", "384 agents register Kimi-K2 256->128 at once against a real controller: time to every slice");
   AddPlanSourceOptions(*cmd, &opt->source);
   cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}));
-  cmd->add_flag("--exchange", opt->exchange, "the controller plans the exchange (wsync controller --exchange)");
+  cmd->add_flag("--exchange,!--full-tensor", opt->exchange,
+                "the controller plans the exchange (the default) or full_tensor (wsync controller --full-tensor)");
   cmd->add_option("--work-dir", opt->work_dir, "keep the secret, mapping, state dir and controller.log here");
   cmd->add_option("--descriptor-bytes", opt->descriptor_bytes, "length of each region's (fake) descriptor")
       ->capture_default_str();

@@ -34,7 +34,7 @@ struct ControllerCommandOptions {
   double world_timeout_s = 300;
   double version_timeout_s = 300;
   double heartbeat_timeout_s = 10;
-  bool exchange = false;
+  bool exchange = true;
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   int threads = 0;
   std::string secret_file;
@@ -157,9 +157,10 @@ void AddControllerCommand(CLI::App& app) {
   cmd->add_option("--heartbeat-timeout", opt->heartbeat_timeout_s,
                   "Seconds of silence after which a rank that sends heartbeats is lost (0: off)")
       ->capture_default_str();
-  cmd->add_flag("--exchange", opt->exchange,
-                "plan the exchange: each trainer rank receives from its FSDP peers only the rows it writes, "
-                "instead of full_tensor (every agent must be restarted when this changes)");
+  cmd->add_flag("--exchange,!--full-tensor", opt->exchange,
+                "unshard by the planned exchange (the default: each trainer rank receives from its FSDP peers "
+                "only the rows it writes) or all-gather whole tensors (--full-tensor); every agent must be "
+                "restarted when this changes");
   cmd->add_option("--min-shard-piece", opt->min_shard_piece_bytes,
                   "with --exchange: cut a piece at trainer shard edges only where each part keeps this many bytes")
       ->capture_default_str();

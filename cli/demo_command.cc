@@ -116,8 +116,9 @@ void AddDemoCommand(CLI::App& app) {
   cmd->add_option("--job", opt->sync.job, "job name (shared-memory names)");
   cmd->add_option("--work-dir", opt->sync.work_dir, "logs and controller state");
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check");
-  cmd->add_flag("--exchange", opt->sync.exchange,
-                "unshard by the planned exchange (each trainer rank receives only the rows it writes)");
+  cmd->add_flag("--exchange,!--full-tensor", opt->sync.exchange,
+                "unshard by the planned exchange (the default: each trainer rank receives only the rows it writes) "
+                "or all-gather whole tensors (--full-tensor)");
   cmd->callback([opt] { std::exit(RunDemo(*opt)); });
 }
 

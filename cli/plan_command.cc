@@ -23,7 +23,7 @@ struct PlanCommandOptions {
   std::string heatmap;
   std::string write_specs;
   bool quiet = false;
-  bool exchange = false;  // the planned exchange instead of full_tensor (PlanOptions::exchange)
+  bool exchange = true;  // the planned exchange instead of full_tensor (PlanOptions::exchange)
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   LinkModel link;
 };
@@ -130,8 +130,9 @@ void AddPlanCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("plan", "dry-run a routing plan: validate specs, plan, summarize");
   AddPlanSourceOptions(*cmd, &opt->source);
   cmd->add_option("--format", opt->format, "summary format")->check(CLI::IsMember({"text", "json"}));
-  cmd->add_flag("--exchange", opt->exchange,
-                "plan the exchange (each rank receives only the rows it writes) instead of full_tensor");
+  cmd->add_flag("--exchange,!--full-tensor", opt->exchange,
+                "plan the exchange (the default: each rank receives only the rows it writes) or full_tensor "
+                "(--full-tensor: every rank all-gathers whole tensors)");
   cmd->add_option("--min-shard-piece", opt->min_shard_piece_bytes,
                   "with --exchange: cut a piece at trainer shard edges only where each part keeps this many bytes")
       ->capture_default_str();

@@ -52,7 +52,8 @@ struct ControllerOptions {
   double heartbeat_timeout_s = 10;
   // Plan the exchange instead of full_tensor (PlanOptions::exchange): each
   // trainer rank receives from its FSDP peers only the rows it writes.
-  bool exchange = false;
+  // false: full_tensor.
+  bool exchange = true;
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   // One line per event (registration, plan, version finished, timeout).
   std::function<void(const std::string&)> log;

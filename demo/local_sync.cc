@@ -169,7 +169,7 @@ Status LocalSync::StartController() {
       "--world-timeout", std::to_string(options_.world_timeout_s),
       "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s),
       "--secret-file", secret_path_};
-  if (options_.exchange) argv.push_back("--exchange");
+  argv.push_back(options_.exchange ? "--exchange" : "--full-tensor");
   WSYNC_ASSIGN_OR_RETURN(controller_, ChildProcess::Spawn("controller", Wrap(host, argv),
                                                           options_.work_dir + "/controller.log"));
   WSYNC_ASSIGN_OR_RETURN(controller_address_, controller_.ReadLine(std::chrono::seconds(30)));

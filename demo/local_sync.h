@@ -51,7 +51,7 @@ struct LocalSyncOptions {
   std::vector<std::string> extra_inference_args;
   double world_timeout_s = 120;     // controller: name missing ranks after this
   double heartbeat_timeout_s = 10;  // controller: declare a silent rank lost after this
-  bool exchange = false;            // controller: plan the exchange instead of full_tensor
+  bool exchange = true;             // controller: plan the exchange; false: full_tensor
   // Fault scenarios for the integration tests.
   std::vector<int32_t> absent_inference;                // never started
   std::map<int32_t, std::string> trainer_cluster;       // rank -> another cluster spec

@@ -132,7 +132,7 @@ TEST_F(PlanCliTest, ValidSpecsPlanAndReportBytesComputedIndependently) {
 TEST_F(PlanCliTest, WithoutTheExchangeRanksReceiveWhatFullTensorMoves) {
   // full_tensor, modeled from the rank plans peer by peer, must equal the
   // box arithmetic: each of the 2 ranks receives the other's half.
-  RunResult r = Plan("--format json");
+  RunResult r = Plan("--format json --full-tensor");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json s = json::parse(r.out);
   EXPECT_EQ(s["full_tensor_bytes"].get<uint64_t>(), (256 + 64 + 32 + 32 + 8) * 2u);

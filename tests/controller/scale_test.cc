@@ -63,9 +63,9 @@ TEST(ControllerScaleTest, KimiK2_384AgentsRegisterAtOnceAndEachGetsItsOwnSlice) 
   std::vector<uint64_t> want_dst_writes(inference), want_dst_bytes(inference);
   std::vector<std::set<int32_t>> want_peers(trainers);
   for (const WriteOp& op : table->ops) {
-    want_src_writes[op.src_rank] += 1;
+    want_src_writes[op.src_rank] += op.planes;  // the writes that land
     want_src_bytes[op.src_rank] += op.bytes;
-    want_dst_writes[op.dst_rank] += 1;
+    want_dst_writes[op.dst_rank] += op.planes;
     want_dst_bytes[op.dst_rank] += op.bytes;
     want_peers[op.src_rank].insert(op.dst_rank);
   }
@@ -161,7 +161,7 @@ TEST(ControllerScaleTest, KimiK2_384AgentsRegisterAtOnceAndEachGetsItsOwnSlice) 
     std::set<int32_t> dsts;
     for (const RankMeshGroup& g : s->plan.groups)
       for (const RankSource& src : g.sources)
-        for (const RankWrite& w : src.writes) writes += 1, bytes += w.bytes, dsts.insert(w.dst_rank);
+        for (const RankWrite& w : src.writes) writes += w.planes, bytes += w.bytes, dsts.insert(w.dst_rank);
     EXPECT_EQ(writes, want_src_writes[r]) << "trainer rank " << r;
     EXPECT_EQ(bytes, want_src_bytes[r]) << "trainer rank " << r;
     EXPECT_EQ(dsts, want_peers[r]) << "trainer rank " << r;
@@ -178,7 +178,7 @@ TEST(ControllerScaleTest, KimiK2_384AgentsRegisterAtOnceAndEachGetsItsOwnSlice) 
     }
     EXPECT_EQ(peer_ranks, want_peers[r]) << "trainer rank " << r;
   }
-  EXPECT_EQ(total_writes, table->ops.size());  // together, the whole table
+  EXPECT_EQ(total_writes, WriteCount(table->ops));  // together, the whole table
   for (int32_t r = 0; r < inference; ++r) {
     const StatusOr<InferencePlanSlice>& s = inference_slices[r];
     ASSERT_TRUE(s.ok()) << "inference rank " << r << ": " << s.status().ToString();
@@ -188,7 +188,7 @@ TEST(ControllerScaleTest, KimiK2_384AgentsRegisterAtOnceAndEachGetsItsOwnSlice) 
     EXPECT_EQ(s->plan_id, plan_id) << "inference rank " << r;
     EXPECT_EQ(s->expected_writes, want_dst_writes[r]) << "inference rank " << r;
     EXPECT_EQ(s->expected_bytes, want_dst_bytes[r]) << "inference rank " << r;
-    EXPECT_EQ(s->plan.writes.size(), want_dst_writes[r]) << "inference rank " << r;
+    EXPECT_EQ(WriteCount(s->plan), want_dst_writes[r]) << "inference rank " << r;
   }
   server.Stop();
   std::filesystem::remove_all(state_dir);

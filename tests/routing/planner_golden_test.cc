@@ -579,7 +579,7 @@ TEST(RankPlanTextTest, IsTheTreesDumpByteForByte) {
   StackedFp8 c = MakeStackedFp8(384);
   for (const bool exchange : {true, false}) {
     size_t writes = 0;  // of the 4 ranks (with full_tensor some ranks write nothing)
-    auto table = Plan(c.trainer, c.inference, c.mapping, exchange ? Exchange() : PlanOptions{});
+    auto table = Plan(c.trainer, c.inference, c.mapping, exchange ? Exchange() : AllGather());
     ASSERT_TRUE(table.ok()) << table.status().message();
     for (int32_t rank = 0; rank < 4; ++rank) {
       auto plan = ExtractTrainerRankPlan(*table, c.trainer, c.inference, rank);
