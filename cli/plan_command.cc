@@ -62,15 +62,16 @@ int RunPlan(const PlanCommandOptions& opt) {
 
   // The unshard term from the rank plans the executor would run; a plan the
   // pipeline refuses is still summarized (as full_tensor), and said so.
-  StatusOr<std::vector<TrainerRankPlan>> rank_plans =
-      ExtractTrainerRankPlans(*table, inputs->trainer, inputs->inference);
-  if (rank_plans.ok()) {
-    progress.Step("extracted " + std::to_string(rank_plans->size()) + " trainer rank plans");
+  StatusOr<PlanSummary> from_rank_plans =
+      SummarizeFromRankPlans(*table, inputs->trainer, inputs->inference, opt.link, /*writes=*/true);
+  if (from_rank_plans.ok()) {
+    progress.Step("modeled the unshard from " + std::to_string(inputs->trainer.ranks.size()) + " trainer rank plans");
   } else {
     std::fprintf(stderr, "wsync plan: warning: the pipeline would refuse this plan: %s\n",
-                 rank_plans.status().message().c_str());
+                 from_rank_plans.status().message().c_str());
   }
-  const PlanSummary summary = Summarize(*table, opt.link, rank_plans.ok() ? &*rank_plans : nullptr);
+  const PlanSummary summary =
+      from_rank_plans.ok() ? std::move(from_rank_plans).value() : Summarize(*table, opt.link, nullptr);
   // Render everything before writing anything: nothing is half-written.
   std::string plan_text, svg_text;
   if (!opt.out.empty()) plan_text = PlanToText(*table) + "\n";

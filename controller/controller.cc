@@ -162,10 +162,9 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   if (options_.exchange) {
     // The exchange's unshard traffic is only known rank by rank; without it
     // the summary would predict full_tensor's.
-    StatusOr<std::vector<TrainerRankPlan>> rank_plans =
-        ExtractTrainerRankPlans(plan->table, trainer, inference, /*writes=*/false);
-    if (!rank_plans.ok()) return Internal("rank plans for the summary: " + rank_plans.status().message());
-    plan->summary = Summarize(plan->table, LinkModel{}, &*rank_plans);
+    StatusOr<PlanSummary> summary = SummarizeFromRankPlans(plan->table, trainer, inference, LinkModel{});
+    if (!summary.ok()) return Internal("rank plans for the summary: " + summary.status().message());
+    plan->summary = std::move(summary).value();
   } else {
     plan->summary = Summarize(plan->table, LinkModel{});
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -73,8 +74,12 @@ int64_t GatherIndex(const RankSource& src, int32_t rank) {
 
 }  // namespace
 
-PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
-                      const std::vector<TrainerRankPlan>* rank_plans) {
+namespace {
+
+// Calls its visitor with every trainer rank's plan, in turn.
+using RankPlans = std::function<Status(const std::function<void(const TrainerRankPlan&)>&)>;
+
+StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& link, const RankPlans* rank_plans) {
   PlanSummary s;
   s.link = link;
   s.trainer_ranks = static_cast<int32_t>(table.trainer_endpoints.size());
@@ -178,9 +183,9 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
     for (auto* v : {&g_gather, &g_gather_nic, &g_calls})
       for (auto& per_rank : *v) std::fill(per_rank.begin(), per_rank.end(), 0.0);
     const auto host = [&](int32_t r) -> const std::string& { return table.trainer_endpoints[r].host; };
-    for (const TrainerRankPlan& plan : *rank_plans) {
+    WSYNC_RETURN_IF_ERROR((*rank_plans)([&](const TrainerRankPlan& plan) {
       const int32_t me = plan.rank;
-      if (me < 0 || static_cast<size_t>(me) >= nt) continue;
+      if (me < 0 || static_cast<size_t>(me) >= nt) return;
       for (const RankMeshGroup& group : plan.groups) {
         auto it = group_of.find(group.name);
         if (it == group_of.end()) continue;
@@ -212,7 +217,7 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
           }
         }
       }
-    }
+    }));
   }
 
   // Unshard bytes from other hosts enter through the rank's NIC, which the
@@ -266,6 +271,37 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
   s.predicted_reads_done_seconds =
       rank_reads_done.empty() ? 0 : *std::max_element(rank_reads_done.begin(), rank_reads_done.end());
   return s;
+}
+
+}  // namespace
+
+PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
+                      const std::vector<TrainerRankPlan>* rank_plans) {
+  if (rank_plans == nullptr) return *SummarizeImpl(table, link, nullptr);
+  const RankPlans each = [rank_plans](const std::function<void(const TrainerRankPlan&)>& visit) {
+    for (const TrainerRankPlan& plan : *rank_plans) visit(plan);
+    return Status::Ok();
+  };
+  return *SummarizeImpl(table, link, &each);
+}
+
+StatusOr<PlanSummary> SummarizeFromRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
+                                             const InferenceSpec& inference, const LinkModel& link, bool writes) {
+  // Each rank's ops, indexed once; none without writes (unshard only).
+  std::vector<std::vector<uint32_t>> ops_of(trainer.ranks.size());
+  for (size_t i = 0; writes && i < table.ops.size(); ++i) {
+    const int32_t r = table.ops[i].src_rank;
+    if (r >= 0 && static_cast<size_t>(r) < ops_of.size()) ops_of[r].push_back(static_cast<uint32_t>(i));
+  }
+  const RankPlans each = [&](const std::function<void(const TrainerRankPlan&)>& visit) -> Status {
+    for (size_t r = 0; r < trainer.ranks.size(); ++r) {
+      WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan,
+                             ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r]));
+      visit(plan);
+    }
+    return Status::Ok();
+  };
+  return SummarizeImpl(table, link, &each);
 }
 
 std::string FormatSummaryText(const PlanSummary& s) {

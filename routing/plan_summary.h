@@ -101,6 +101,14 @@ struct PlanSummary {
 // all-gathers, peer by peer.
 PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
                       const std::vector<TrainerRankPlan>* rank_plans = nullptr);
+// The same with every trainer rank's plan extracted and dropped in turn,
+// never all at once (Kimi-K2's 256 plans held 0.6 GB without their writes,
+// and allocating them was half of a planning pass). Fails like
+// ExtractTrainerRankPlans; `writes`: with each rank's writes, so a plan the
+// pipeline would refuse (fp8 blocks split by the unshard) fails here too.
+StatusOr<PlanSummary> SummarizeFromRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
+                                             const InferenceSpec& inference, const LinkModel& link,
+                                             bool writes = false);
 
 // Human-readable report (several lines) and the JSON form (--format json).
 std::string FormatSummaryText(const PlanSummary& s);
