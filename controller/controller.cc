@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <future>
 #include <cinttypes>
 #include <cstdio>
 #include <thread>
@@ -159,21 +160,16 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   if (!table.ok()) return InvalidArgument(table.status().message());
   auto plan = std::make_shared<PlanState>();
   plan->table = std::move(table).value();
-  if (options_.exchange) {
-    // The exchange's unshard traffic is only known rank by rank; without it
-    // the summary would predict full_tensor's.
-    StatusOr<PlanSummary> summary = SummarizeFromRankPlans(plan->table, trainer, inference, LinkModel{});
-    if (!summary.ok()) return Internal("rank plans for the summary: " + summary.status().message());
-    plan->summary = std::move(summary).value();
-  } else {
-    plan->summary = Summarize(plan->table, LinkModel{});
-  }
+  // The summary reads the table while this thread indexes and serializes
+  // it: the exchange's unshard traffic is only known rank by rank (without
+  // it the summary would predict full_tensor's), and that takes as long as
+  // the rest of the pass.
+  std::future<StatusOr<PlanSummary>> summary = std::async(std::launch::async, [&] {
+    return options_.exchange ? SummarizeFromRankPlans(plan->table, trainer, inference, LinkModel{})
+                             : StatusOr<PlanSummary>(Summarize(plan->table, LinkModel{}));
+  });
   plan->ops_by_trainer.resize(trainer.ranks.size());
   plan->ops_by_inference.resize(inference.ranks.size());
-  plan->trainer = std::move(trainer);
-  plan->inference = std::move(inference);
-  plan->trainer_text = std::move(trainer_text);
-  plan->inference_text = std::move(inference_text);
   for (size_t i = 0; i < plan->table.ops.size(); ++i) {
     const WriteOp& op = plan->table.ops[i];
     if (op.src_rank >= 0 && static_cast<size_t>(op.src_rank) < plan->ops_by_trainer.size())
@@ -182,6 +178,13 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
       plan->ops_by_inference[op.dst_rank].push_back(static_cast<uint32_t>(i));
   }
   *plan_text = PlanToText(plan->table);
+  StatusOr<PlanSummary> summarized = summary.get();
+  if (!summarized.ok()) return Internal("rank plans for the summary: " + summarized.status().message());
+  plan->summary = std::move(summarized).value();
+  plan->trainer = std::move(trainer);
+  plan->inference = std::move(inference);
+  plan->trainer_text = std::move(trainer_text);
+  plan->inference_text = std::move(inference_text);
   // plan.json does not keep what each rank exchanges: the digest tells the
   // two kinds of plan apart, so a controller restarted with the other kind
   // refuses the persisted world instead of serving different slices.
