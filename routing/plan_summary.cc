@@ -288,11 +288,8 @@ PlanSummary Summarize(const RoutingTable& table, const LinkModel& link,
 StatusOr<PlanSummary> SummarizeFromRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
                                              const InferenceSpec& inference, const LinkModel& link, bool writes) {
   // Each rank's ops, indexed once; none without writes (unshard only).
-  std::vector<std::vector<uint32_t>> ops_of(trainer.ranks.size());
-  for (size_t i = 0; writes && i < table.ops.size(); ++i) {
-    const int32_t r = table.ops[i].src_rank;
-    if (r >= 0 && static_cast<size_t>(r) < ops_of.size()) ops_of[r].push_back(static_cast<uint32_t>(i));
-  }
+  const std::vector<std::vector<uint32_t>> ops_of =
+      writes ? OpsByTrainer(table, trainer.ranks.size()) : std::vector<std::vector<uint32_t>>(trainer.ranks.size());
   const RankPlans each = [&](const std::function<void(const TrainerRankPlan&)>& visit) -> Status {
     for (size_t r = 0; r < trainer.ranks.size(); ++r) {
       WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan,

@@ -337,13 +337,19 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
   return plan;
 }
 
-StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
-                                                               const InferenceSpec& inference, bool writes) {
-  std::vector<std::vector<uint32_t>> ops_of(trainer.ranks.size());
-  for (size_t i = 0; writes && i < table.ops.size(); ++i) {
+std::vector<std::vector<uint32_t>> OpsByTrainer(const RoutingTable& table, size_t trainer_ranks) {
+  std::vector<std::vector<uint32_t>> ops_of(trainer_ranks);
+  for (size_t i = 0; i < table.ops.size(); ++i) {
     const int32_t r = table.ops[i].src_rank;
     if (r >= 0 && static_cast<size_t>(r) < ops_of.size()) ops_of[r].push_back(static_cast<uint32_t>(i));
   }
+  return ops_of;
+}
+
+StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
+                                                               const InferenceSpec& inference, bool writes) {
+  const std::vector<std::vector<uint32_t>> ops_of =
+      writes ? OpsByTrainer(table, trainer.ranks.size()) : std::vector<std::vector<uint32_t>>(trainer.ranks.size());
   std::vector<TrainerRankPlan> plans;
   plans.reserve(trainer.ranks.size());
   for (size_t r = 0; r < trainer.ranks.size(); ++r) {

@@ -134,6 +134,9 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
 // cost and memory of a plan with millions of writes.
 StatusOr<std::vector<TrainerRankPlan>> ExtractTrainerRankPlans(const RoutingTable& table, const TrainerSpec& trainer,
                                                                const InferenceSpec& inference, bool writes = true);
+// The indices into table.ops of each trainer rank's ops (src_rank), in
+// table order: the `rank_ops` ExtractTrainerRankPlan takes.
+std::vector<std::vector<uint32_t>> OpsByTrainer(const RoutingTable& table, size_t trainer_ranks);
 InferenceRankPlan ExtractInferenceRankPlan(const RoutingTable& table, int32_t rank,
                                            const std::vector<uint32_t>* rank_ops = nullptr);
 
