@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -93,17 +94,28 @@ class AgentProcessTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
+  // The parent runs the controller's and the engines' threads, so the child
+  // may only make async-signal-safe calls until exec: another thread may
+  // hold the allocator's or the environment's lock at fork, and setenv or
+  // malloc in the child would then wait forever (seen under ASan: rank 0's
+  // agent never started). Argument and environment arrays are built here.
   void Spawn(int r) {
     const std::string controller = "127.0.0.1:" + std::to_string(server_->port());
+    std::vector<std::string> env = {"WSYNC_TA_ROLE=agent", "WSYNC_TA_CONTROLLER=" + controller,
+                                    "WSYNC_TA_RANK=" + std::to_string(r), "WSYNC_TA_LAYOUT=" + layout_,
+                                    "WSYNC_TA_SHM=" + names_[r]};
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "WSYNC_TA_", 9) != 0) env.push_back(*e);
+    }
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string program = "trainer_agent_test", filter = "--gtest_filter=AgentProcessRole.Run";
+    char* argv[] = {program.data(), filter.data(), nullptr};
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      setenv("WSYNC_TA_ROLE", "agent", 1);
-      setenv("WSYNC_TA_CONTROLLER", controller.c_str(), 1);
-      setenv("WSYNC_TA_RANK", std::to_string(r).c_str(), 1);
-      setenv("WSYNC_TA_LAYOUT", layout_.c_str(), 1);
-      setenv("WSYNC_TA_SHM", names_[r].c_str(), 1);
-      execl("/proc/self/exe", "trainer_agent_test", "--gtest_filter=AgentProcessRole.Run", nullptr);
+      execve("/proc/self/exe", argv, envp.data());
       _exit(127);
     }
     pids_[r] = pid;

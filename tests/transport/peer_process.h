@@ -18,11 +18,13 @@ class PeerProcess {
  public:
   // argv[0] is the program; exec'd with execvp.
   explicit PeerProcess(std::vector<std::string> argv) {
+    // Built before fork: the child of a threaded parent may only make
+    // async-signal-safe calls (no malloc) until exec.
+    std::vector<char*> raw;
+    for (std::string& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
-      std::vector<char*> raw;
-      for (std::string& a : argv) raw.push_back(a.data());
-      raw.push_back(nullptr);
       execvp(raw[0], raw.data());
       _exit(127);
     }
