@@ -353,14 +353,22 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
     }
   } else if (sw.exchange) {
     // Each peer's piece of the shard, back to back in group order (a
-    // stacked tensor's piece: its rows of every plane, packed).
+    // stacked tensor's piece: its rows of every plane, packed; a narrowed
+    // piece: its part of each row, packed).
     uint64_t at = sw.send_at;
     for (size_t i = 0; i < sw.send_bytes.size(); ++i) {
       const uint64_t n = static_cast<uint64_t>(sw.send_bytes[i]);
       if (n == 0) continue;
-      Status c = sw.planes == 1 ? Copy(base + at, local + sw.send_from[i], n)
-                                : Copy2D(base + at, n / sw.planes, local + sw.send_from[i], sw.local_pitch,
-                                         n / sw.planes, sw.planes);
+      const uint64_t row = sw.send_row[i], plane = n / sw.planes;
+      Status c;
+      if (row == sw.local_row) {
+        c = sw.planes == 1 ? Copy(base + at, local + sw.send_from[i], n)
+                           : Copy2D(base + at, plane, local + sw.send_from[i], sw.local_pitch, plane, sw.planes);
+      } else {
+        for (uint64_t p = 0; p < sw.planes && c.ok(); ++p)
+          c = Copy2D(base + at + p * plane, row, local + sw.send_from[i] + p * sw.local_pitch, sw.local_row, row,
+                     plane / row);
+      }
       if (!c.ok()) RecordError(c.WithContext(Where(sw) + ": copy"));
       at += n;
     }

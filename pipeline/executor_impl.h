@@ -76,6 +76,10 @@ struct SourceWork {
   uint64_t send_at = 0;
   std::vector<int64_t> send_bytes, recv_bytes;
   std::vector<uint64_t> send_from;  // each piece's byte offset in the local shard
+  // Bytes of one row of each piece (RankSource::send_cols narrows a piece to
+  // part of each row of the shard: `local_row` bytes); packed row after row.
+  std::vector<uint64_t> send_row;
+  uint64_t local_row = 0;
   // Stacked tensors (a dim before the exchanged one spans several indices,
   // as experts do): a piece is one run of rows per leading index ("plane").
   // It is sent packed, received at `recv_at` and spread into the held

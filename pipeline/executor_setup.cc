@@ -200,17 +200,32 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
     return InvalidArgument(where + ": exchange over dim " + std::to_string(gd) + " needs one received and one sent " +
                            "piece per rank of a group that includes rank " + std::to_string(plan->rank));
   }
-  int64_t inner = DTypeSize(src.dtype), planes = 1;
+  // The dim the pieces may narrow (the last one, right after gd), or -1.
+  const int cd = src.exchange_col_dim();
+  if (cd >= 0 && (cd != n - 1 || src.send_cols.size() != parts)) {
+    return InvalidArgument(where + ": sent pieces narrow dim " + std::to_string(cd) + ", which is not the last one " +
+                           "after the exchanged dim " + std::to_string(gd) + ", or not one per rank of the group");
+  }
+  const int64_t esize = DTypeSize(src.dtype);
+  int64_t inner = esize, local_inner = esize, planes = 1;
   for (int d = 0; d < n; ++d) {
-    if (d != gd && (src.local.offset[d] != src.held.offset[d] || src.local.size[d] != src.held.size[d])) {
+    const int64_t lo = src.local.offset[d], hi = lo + src.local.size[d];
+    const bool same = lo == src.held.offset[d] && src.local.size[d] == src.held.size[d];
+    const bool inside = src.held.offset[d] >= lo && src.held.offset[d] + src.held.size[d] <= hi;
+    if (d != gd && !(same || (d == cd && inside))) {
       return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " and held rows " + BoxStr(src.held) +
-                             " differ outside the exchanged dim " + std::to_string(gd));
+                             " differ outside the exchanged dim " + std::to_string(gd) +
+                             (cd >= 0 ? " and the narrowed dim " + std::to_string(cd) : std::string()));
     }
     if (d < gd) planes *= src.held.size[d];
-    if (d > gd) inner *= src.held.size[d];
+    if (d > gd) {
+      inner *= src.held.size[d];
+      local_inner *= src.local.size[d];
+    }
   }
   sw->planes = static_cast<uint64_t>(planes);
-  sw->local_pitch = static_cast<uint64_t>(src.local.size[gd] * inner);
+  sw->local_row = static_cast<uint64_t>(local_inner);
+  sw->local_pitch = static_cast<uint64_t>(src.local.size[gd] * local_inner);
   sw->held_pitch = static_cast<uint64_t>(src.held.size[gd] * inner);
   const int64_t local_lo = src.local.offset[gd], local_hi = local_lo + src.local.size[gd];
   int64_t at = src.held.offset[gd], sent = 0;
@@ -223,22 +238,35 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
                              std::to_string(at) + " of the held rows " + BoxStr(src.held));
     }
     at += r.size;
-    if (s.size < 0 || (s.size > 0 && (s.offset < local_lo || s.offset + s.size > local_hi))) {
+    const Rows c = cd >= 0 ? src.send_cols[i] : Rows{};
+    const bool cols_outside = cd >= 0 && s.size > 0 &&
+                              (c.size < 0 || c.offset < src.local.offset[cd] ||
+                               c.offset + c.size > src.local.offset[cd] + src.local.size[cd]);
+    if (s.size < 0 || (s.size > 0 && (s.offset < local_lo || s.offset + s.size > local_hi)) || cols_outside) {
       return InvalidArgument(where + ": piece for rank " + std::to_string(src.gather_ranks[i]) + " (rows " +
-                             std::to_string(s.offset) + "+" + std::to_string(s.size) + ") is outside the local shard " +
-                             BoxStr(src.local));
+                             std::to_string(s.offset) + "+" + std::to_string(s.size) +
+                             (cd >= 0 ? ", cols " + std::to_string(c.offset) + "+" + std::to_string(c.size) : "") +
+                             ") is outside the local shard " + BoxStr(src.local));
     }
+    const int64_t row = cd >= 0 ? c.size * esize : local_inner;
     sw->recv_bytes.push_back(planes * r.size * inner);
-    sw->send_bytes.push_back(planes * s.size * inner);
-    sw->send_from.push_back(static_cast<uint64_t>((s.offset - local_lo) * inner));
+    sw->send_bytes.push_back(planes * s.size * row);
+    sw->send_row.push_back(static_cast<uint64_t>(row));
+    sw->send_from.push_back(
+        static_cast<uint64_t>((s.offset - local_lo) * local_inner + (cd >= 0 ? (c.offset - src.local.offset[cd]) * esize : 0)));
     sw->recv_into.push_back(static_cast<uint64_t>((r.offset - src.held.offset[gd]) * inner));
-    sent += planes * s.size * inner;
+    sent += planes * s.size * row;
   }
   if (at != src.held.offset[gd] + src.held.size[gd]) {
     return InvalidArgument(where + ": the received pieces end at row " + std::to_string(at) + ", the held rows " +
                            BoxStr(src.held) + " do not");
   }
   const size_t mine = static_cast<size_t>(me - src.gather_ranks.begin());
+  if (cd >= 0 && src.send_rows[mine].size > 0 &&
+      !(src.send_cols[mine] == Rows{src.held.offset[cd], src.held.size[cd]})) {
+    return InvalidArgument(where + ": keeps cols " + std::to_string(src.send_cols[mine].offset) + "+" +
+                           std::to_string(src.send_cols[mine].size) + " of its shard but holds " + BoxStr(src.held));
+  }
   if (sw->recv_bytes[mine] != sw->send_bytes[mine]) {
     return InvalidArgument(where + ": keeps " + std::to_string(sw->send_bytes[mine]) + " bytes of its shard but places " +
                            std::to_string(sw->recv_bytes[mine]));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 #include <unordered_map>
 
 #include "routing/holders.h"
@@ -362,20 +363,53 @@ void Planner::Assign(const RoutingTable& table) {
     jobs_[j].mesh_group = table.sources[jobs_[j].src].mesh_group;
     by_group[jobs_[j].mesh_group].push_back(j);
   }
+  // Under a planned exchange, the copies of one uncut piece (one per engine
+  // replica or TP rank holding it whole: norms, routers, MLA's replicated
+  // projections) are one unit with one writer. It receives the piece once
+  // and writes every copy, so the piece crosses hosts once, not once per
+  // copy (Kimi-K2: 128 writers each gathered every replicated tensor).
+  const auto shared = [this](const Job& j) { return j.owner < 0 && !shards_[j.layout].classes.empty(); };
+  const auto key_less = [this](const Job& x, const Job& y) {
+    return std::tie(x.layout, x.klass, x.src, x.src_box.ndim, x.src_box.offset, x.src_box.size) <
+           std::tie(y.layout, y.klass, y.src, y.src_box.ndim, y.src_box.offset, y.src_box.size);
+  };
+  struct Unit {
+    uint64_t bytes = 0;
+    uint32_t begin = 0, end = 0;  // into `members`
+  };
+  std::vector<uint32_t> members;
+  std::vector<Unit> units;
   std::vector<uint64_t> rank_load(trainer_.ranks.size()), nic_load(nic_ids.size());
   for (std::vector<uint32_t>& order : by_group) {
     std::fill(rank_load.begin(), rank_load.end(), 0);
     std::fill(nic_load.begin(), nic_load.end(), 0);
-    std::sort(order.begin(), order.end(), [this](uint32_t a, uint32_t b) {
-      if (jobs_[a].bytes != jobs_[b].bytes) return jobs_[a].bytes > jobs_[b].bytes;
+    members = order;
+    std::sort(members.begin(), members.end(), [&](uint32_t a, uint32_t b) {
+      const bool sa = shared(jobs_[a]), sb = shared(jobs_[b]);
+      if (sa != sb) return sb;  // single jobs first
+      if (sa && key_less(jobs_[a], jobs_[b])) return true;
+      if (sa && key_less(jobs_[b], jobs_[a])) return false;
       return a < b;
     });
-    for (uint32_t j : order) {
-      Job& job = jobs_[j];
+    units.clear();
+    for (uint32_t i = 0; i < members.size(); ++i) {
+      const Job& job = jobs_[members[i]];
+      const bool joins = !units.empty() && shared(job) && i > 0 && shared(jobs_[members[i - 1]]) &&
+                         !key_less(jobs_[members[i - 1]], job);
+      if (!joins) units.push_back(Unit{0, i, i});
+      units.back().bytes += job.bytes;
+      units.back().end = i + 1;
+    }
+    std::sort(units.begin(), units.end(), [&](const Unit& a, const Unit& b) {
+      if (a.bytes != b.bytes) return a.bytes > b.bytes;
+      return members[a.begin] < members[b.begin];
+    });
+    for (const Unit& unit : units) {
+      const Job& first = jobs_[members[unit.begin]];
       // Prefer the ranks that hold most of the piece before unshard: they
       // receive the least of it from their peers.
-      const std::vector<int32_t>& cands = job.owner >= 0 ? shards_[job.layout].classes[job.owner].ranks
-                                                         : layouts_[job.layout].classes[job.klass].ranks;
+      const std::vector<int32_t>& cands = first.owner >= 0 ? shards_[first.layout].classes[first.owner].ranks
+                                                           : layouts_[first.layout].classes[first.klass].ranks;
       int32_t best = cands[0];
       uint64_t best_load = rank_load[best] + nic_load[nic_of[best]];
       for (size_t i = 1; i < cands.size(); ++i) {
@@ -386,9 +420,9 @@ void Planner::Assign(const RoutingTable& table) {
           best_load = load;
         }
       }
-      job.sender = best;
-      rank_load[best] += job.bytes;
-      nic_load[nic_of[best]] += job.bytes;
+      for (uint32_t i = unit.begin; i < unit.end; ++i) jobs_[members[i]].sender = best;
+      rank_load[best] += unit.bytes;
+      nic_load[nic_of[best]] += unit.bytes;
     }
   }
 }

@@ -80,9 +80,13 @@ void PlanExchange(const SourceTensor& src, int32_t rank, RankSource* rs) {
   const Rows mine{rs->local.offset[gd], rs->local.size[gd]};
   const bool quantized = src.block_rows > 0;
   const int64_t block = !quantized ? 1 : gd == n - 2 ? rs->block_rows : gd == n - 1 ? rs->block_cols : 1;
-  Rows need;
+  // The last dim, where it follows the exchanged one, is narrowed to what
+  // each rank's writes read (whole fp8 blocks: the needs are widened).
+  const int cd = gd + 1 == n - 1 ? gd + 1 : -1;
+  const Rows cols = cd < 0 ? Rows{} : Rows{rs->held.offset[cd], rs->held.size[cd]};
+  Rows need, need_cols = cols;
   bool crosses = false, cuts_blocks = false;
-  std::vector<Rows> recv(parts), send(parts);
+  std::vector<Rows> recv(parts), send(parts), send_cols(cd < 0 ? 0 : parts, cols);
   for (int64_t i = 0; i < parts; ++i) {
     const Range c = ChunkRange(held.size, parts, i);
     const Rows chunk{held.offset + c.offset, c.size};
@@ -92,7 +96,11 @@ void PlanExchange(const SourceTensor& src, int32_t rank, RankSource* rs) {
     const Rows peer_need = ExchangeNeedRows(src, rs->gather_ranks[i], gd, held);
     crosses = crosses || Intersect(peer_need, chunk).size != peer_need.size;
     send[i] = Intersect(peer_need, mine);
-    if (rs->gather_ranks[i] == rank) need = peer_need;
+    if (cd >= 0 && peer_need.size > 0) send_cols[i] = ExchangeNeedRows(src, rs->gather_ranks[i], cd, cols);
+    if (rs->gather_ranks[i] == rank) {
+      need = peer_need;
+      if (cd >= 0 && need.size > 0) need_cols = send_cols[i];
+    }
   }
   if (!crosses && !cuts_blocks) {
     rs->held = rs->local;
@@ -111,6 +119,14 @@ void PlanExchange(const SourceTensor& src, int32_t rank, RankSource* rs) {
   rs->held.size[gd] = need.size;
   rs->recv_rows = std::move(recv);
   rs->send_rows = std::move(send);
+  // Only where some piece is narrower than the shard: otherwise the slice
+  // and the executor stay as they were.
+  if (std::any_of(send_cols.begin(), send_cols.end(), [&](const Rows& r) { return !(r == cols); }) ||
+      !(need_cols == cols)) {
+    rs->held.offset[cd] = need_cols.offset;
+    rs->held.size[cd] = need_cols.size;
+    rs->send_cols = std::move(send_cols);
+  }
 }
 
 }  // namespace
@@ -423,12 +439,14 @@ uint64_t WriteCount(const InferenceRankPlan& plan) {
 }
 
 namespace {
-// Bytes of one index of the gather dim: every other dim of what it holds
-// (an exchange's dims before the gather dim are all 1).
-uint64_t GatherRowBytes(const RankSource& src) {
+// Bytes of one index of the gather dim: every other dim of what it holds,
+// or, with `cols`, that many in the dim the exchange narrows.
+uint64_t GatherRowBytes(const RankSource& src, const Rows* cols = nullptr) {
   uint64_t b = DTypeSize(src.dtype);
+  const int cd = src.exchange_col_dim();
   for (int d = 0; d < src.held.ndim; ++d)
-    if (d != src.gather_dim) b *= static_cast<uint64_t>(src.held.size[d]);
+    if (d != src.gather_dim)
+      b *= static_cast<uint64_t>(d == cd && cols != nullptr ? cols->size : src.held.size[d]);
   return b;
 }
 }  // namespace
@@ -443,12 +461,12 @@ uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine) {
   const auto parts = static_cast<int64_t>(src.gather_ranks.size());
   const int64_t rows =
       src.exchange() ? src.send_rows[i].size : ChunkRange(src.held.size[src.gather_dim], parts, mine).size;
-  return GatherRowBytes(src) * static_cast<uint64_t>(rows);
+  return GatherRowBytes(src, src.send_cols.empty() ? nullptr : &src.send_cols[i]) * static_cast<uint64_t>(rows);
 }
 
 namespace {
 
-constexpr const char* kTrainerPlanSchema = "wsync.trainer_rank_plan/v3";
+constexpr const char* kTrainerPlanSchema = "wsync.trainer_rank_plan/v4";
 
 // A slice names each source's all-gather group by its index into one table
 // of the slice's distinct groups ("gather_sets", first-use order; -1: the
@@ -489,9 +507,17 @@ nlohmann::json SourceHeadJson(const RankSource& s, int32_t gather_set) {
                       {"block", {s.block_rows, s.block_cols}}};
   if (s.exchange()) {
     for (const auto& [key, rows] : {std::pair{"recv", &s.recv_rows}, std::pair{"send", &s.send_rows}}) {
+      const std::vector<Rows>* cols = rows == &s.send_rows && !s.send_cols.empty() ? &s.send_cols : nullptr;
       nlohmann::json list = nlohmann::json::array();
-      for (size_t i = 0; i < rows->size(); ++i)
-        if ((*rows)[i].size != 0) list.push_back({i, (*rows)[i].offset, (*rows)[i].size});
+      for (size_t i = 0; i < rows->size(); ++i) {
+        if ((*rows)[i].size == 0) continue;
+        nlohmann::json piece = {i, (*rows)[i].offset, (*rows)[i].size};
+        if (cols != nullptr) {
+          piece.push_back((*cols)[i].offset);
+          piece.push_back((*cols)[i].size);
+        }
+        list.push_back(std::move(piece));
+      }
       j[key] = std::move(list);
     }
   }
@@ -561,10 +587,11 @@ void AppendBox(std::string* out, const Box& b) {
   *out += "]]";
 }
 
-// The non-empty pieces only, as [gather index, begin, rows]: most of a
-// Kimi-K2 rank's 128 peers have no rows of a source for it, and listing
-// them was most of a trainer slice's bytes.
-void AppendRowsList(std::string* out, const std::vector<Rows>& rows) {
+// The non-empty pieces only, as [gather index, begin, rows] (and, with
+// `cols`, [..., col begin, cols]): most of a Kimi-K2 rank's 128 peers have
+// no rows of a source for it, and listing them was most of a trainer
+// slice's bytes.
+void AppendRowsList(std::string* out, const std::vector<Rows>& rows, const std::vector<Rows>* cols = nullptr) {
   *out += '[';
   bool first = true;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -577,6 +604,12 @@ void AppendRowsList(std::string* out, const std::vector<Rows>& rows) {
     AppendJsonInt(out, rows[i].offset);
     *out += ',';
     AppendJsonInt(out, rows[i].size);
+    if (cols != nullptr) {
+      *out += ',';
+      AppendJsonInt(out, (*cols)[i].offset);
+      *out += ',';
+      AppendJsonInt(out, (*cols)[i].size);
+    }
     *out += ']';
   }
   *out += ']';
@@ -607,7 +640,7 @@ void AppendSource(std::string* out, const RankSource& s, int32_t gather_set) {
     *out += ",\"recv\":";
     AppendRowsList(out, s.recv_rows);
     *out += ",\"send\":";
-    AppendRowsList(out, s.send_rows);
+    AppendRowsList(out, s.send_rows, s.send_cols.empty() ? nullptr : &s.send_cols);
   }
   *out += ",\"writes\":[";
   for (size_t i = 0; i < s.writes.size(); ++i) {
@@ -781,6 +814,7 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
         // An exchange lists its non-empty pieces, [gather index, begin,
         // rows] in index order; the rest are empty (placed at the start of
         // what the rank holds, or of its shard, so nothing points outside).
+        // Sent pieces narrowed in the last dim add [col begin, cols].
         const bool rows_known = s.gather_dim >= 0 && s.gather_dim < s.held.ndim && s.gather_dim < s.local.ndim;
         for (const auto& [key, rows, at] :
              {std::tuple{"recv", &s.recv_rows, rows_known ? s.held.offset[s.gather_dim] : 0},
@@ -791,21 +825,36 @@ StatusOr<TrainerRankPlan> ParseTrainerRankPlan(const nlohmann::json& j) {
             return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' must list [index, begin, rows]");
           rows->assign(s.gather_ranks.size(), Rows{at, 0});
           int64_t last = -1;
+          const bool sends = rows == &s.send_rows;
+          const int cd = s.gather_dim + 1;
           for (const auto& rj : *it) {
-            if (!rj.is_array() || rj.size() != 3)
-              return InvalidArgument("rank plan: source '" + s.name + "': '" + key +
-                                     "' entries are [gather index, begin, rows]");
+            const bool narrowed = sends && rj.is_array() && rj.size() == 5;
+            if (!rj.is_array() || (rj.size() != 3 && !narrowed))
+              return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' entries are [gather index, " +
+                                     "begin, rows]" + (sends ? " or that and [col begin, cols]" : ""));
+            if (narrowed && (!rows_known || cd != s.local.ndim - 1))
+              return InvalidArgument("rank plan: source '" + s.name + "': a sent piece narrows dim " +
+                                     std::to_string(cd) + ", which is not the last one after gather dim " +
+                                     std::to_string(s.gather_dim));
             int64_t i = 0;
-            Rows r;
+            Rows r, c;
             WSYNC_ASSIGN_OR_RETURN(i, IntOf<int64_t>(rj[0], key));
             WSYNC_ASSIGN_OR_RETURN(r.offset, IntOf<int64_t>(rj[1], key));
             WSYNC_ASSIGN_OR_RETURN(r.size, IntOf<int64_t>(rj[2], key));
+            if (narrowed) {
+              WSYNC_ASSIGN_OR_RETURN(c.offset, IntOf<int64_t>(rj[3], key));
+              WSYNC_ASSIGN_OR_RETURN(c.size, IntOf<int64_t>(rj[4], key));
+            }
             if (i <= last || i >= static_cast<int64_t>(rows->size()))
               return InvalidArgument("rank plan: source '" + s.name + "': '" + key + "' index " + std::to_string(i) +
                                      " is out of order or not one of its " + std::to_string(rows->size()) +
                                      " gather ranks");
             last = i;
             (*rows)[i] = r;
+            if (narrowed) {
+              if (s.send_cols.empty()) s.send_cols.assign(rows->size(), Rows{s.local.offset[cd], s.local.size[cd]});
+              s.send_cols[i] = c;
+            }
           }
         }
         if (sj.contains("recv") != sj.contains("send"))

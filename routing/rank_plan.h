@@ -61,9 +61,17 @@ struct RankSource {
   // all-gather the whole of `held`.
   std::vector<Rows> recv_rows;
   std::vector<Rows> send_rows;
+  // Where the dim after gather_dim is the tensor's last (a 2-d weight's
+  // columns, or stacked experts' columns), the exchange narrows it too: per
+  // gather rank, the columns of the piece sent to it (its writes' columns;
+  // a row-parallel TP slice needs 1/TP of every row), and `held` spans only
+  // this rank's own. Empty: every piece spans the whole shard in that dim.
+  std::vector<Rows> send_cols;
   std::vector<RankWrite> writes;
 
   bool exchange() const { return !recv_rows.empty(); }
+  // The dim send_cols narrow, or -1.
+  int exchange_col_dim() const { return send_cols.empty() ? -1 : gather_dim + 1; }
 };
 
 struct RankMeshGroup {
@@ -113,8 +121,8 @@ bool WholeBlocks(const Box& held, const Shape& global, int64_t block_rows, int64
 // "[lo:hi, ...]" per dim, for messages.
 std::string BoxText(const Box& b);
 
-// The rows of `dim` that `rank` needs of source `src` under a planned
-// exchange (SourceTensor::needs), within `held`; empty if it writes none.
+// The part of `held` that `rank`'s writes of source `src` read under a
+// planned exchange (SourceTensor::needs) along `dim`; empty if it writes none.
 Rows ExchangeNeedRows(const SourceTensor& src, int32_t rank, int dim, Rows held);
 
 // Extracts rank `rank`'s plan. Fails (one line naming the tensor) if a
@@ -155,7 +163,7 @@ uint64_t WriteCount(const InferenceRankPlan& plan);
 uint64_t UnshardBytesFrom(const RankSource& src, int64_t i);
 uint64_t UnshardBytesTo(const RankSource& src, int64_t i, int64_t mine);
 
-// A trainer plan (wsync.trainer_rank_plan/v3) lists its distinct all-gather
+// A trainer plan (wsync.trainer_rank_plan/v4) lists its distinct all-gather
 // groups once, in "gather_sets", and each source names its group by index
 // ("gather_set", -1 for none); ParseTrainerRankPlan expands it back into
 // RankSource::gather_ranks.

@@ -9,6 +9,7 @@
 
 #include "routing/json_reader.h"
 #include "routing/json_text.h"
+#include "routing/plan_summary.h"
 #include "routing/planner.h"
 #include "routing/plan_io.h"
 #include "routing/rank_plan.h"
@@ -372,6 +373,79 @@ TEST(PlannerGoldenTest, PiecesBelowTheMinimumAreNotCutAtShardEdges) {
   EXPECT_EQ(check.full_tensor_bytes, 2 * check.exchange_bytes);
 }
 
+// A row-parallel weight below the minimum piece: bf16 [256, 256], FSDP over
+// 4 ranks on 2 hosts (64 rows each), held by 2 engine replicas of TP 2 on
+// its columns. Each column half is one piece of all 256 rows; its 2 copies
+// (one per replica) are written by one rank, which receives the other 192
+// rows of its 128 columns only: half of each row, once. Every writer
+// gathering whole rows, once per copy, would move 4 x 192 rows x 256 x bf16.
+TEST(PlannerGoldenTest, CopiesOfAPieceHaveOneWriterThatReceivesOnlyItsColumns) {
+  TrainerSpec trainer = testing::BuildTrainer({{"dense", {4}, {"fsdp"}}}, {{"dense", "dense", {"fsdp"}}},
+                                              {{"o.w", {256, 256}, DType::kBF16, "dense", {Placement::Shard(0)}}},
+                                              /*ranks_per_host=*/2);
+  InferenceSpec inference;
+  for (int32_t r = 0; r < 4; ++r) {
+    InferenceRank rank;
+    rank.rank = r;
+    rank.instance = r / 2;
+    rank.host = "infer-" + std::to_string(r / 2);
+    testing::AddTensor(&rank, "o.w", {256, 128}, DType::kBF16, TpSlice{1, r % 2, 2});
+    inference.ranks.push_back(rank);
+  }
+  MappingSpec mapping;
+  mapping.rules.push_back({MappingRule::Kind::kDirect, "o.w", {{"o.w", 0, std::nullopt}}, 0});
+  PlanOptions opt;  // the defaults: the exchange, pieces of at least 128 KiB
+  ASSERT_GT(opt.min_shard_piece_bytes, 256u * 128 * 2 / 4);
+  auto table = Plan(trainer, inference, mapping, opt);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(testing::CheckPlan(trainer, inference, *table).error, "");
+  const testing::ExchangeCheck check = testing::CheckExchange(trainer, inference, *table);
+  ASSERT_EQ(check.error, "");
+  ASSERT_EQ(check.unsupported, "");
+
+  std::map<int64_t, std::set<int32_t>> writers;  // column half -> trainer ranks writing it
+  for (const WriteOp& op : table->ops) {
+    EXPECT_EQ(op.src_box.size[0], 256);  // uncut
+    writers[op.src_box.offset[1] / 128].insert(op.src_rank);
+  }
+  ASSERT_EQ(writers.size(), 2u);
+  EXPECT_EQ(writers[0].size(), 1u);
+  EXPECT_EQ(writers[1].size(), 1u);
+  EXPECT_NE(*writers[0].begin(), *writers[1].begin());  // the two halves balanced over two ranks
+  EXPECT_EQ(check.exchange_bytes, 2u * 192 * 128 * 2);
+  // The plan summary counts the same bytes from the rank plans, half of
+  // them between hosts (the writer's 64 rows on its own host come over NVLink).
+  auto summary = SummarizeFromRankPlans(*table, trainer, inference, LinkModel{});
+  ASSERT_TRUE(summary.ok()) << summary.status().message();
+  EXPECT_EQ(summary->exchange_bytes, check.exchange_bytes);
+  EXPECT_EQ(summary->exchange_cross_host_bytes, 2u * 128 * 128 * 2);
+
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    auto plan = ExtractTrainerRankPlan(*table, trainer, inference, rank);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    const RankSource& s = plan->groups.at(0).sources.at(0);
+    ASSERT_TRUE(s.exchange()) << "rank " << rank;
+    ASSERT_EQ(s.send_cols.size(), 4u) << "rank " << rank;
+    for (size_t i = 0; i < 4; ++i) {
+      const int32_t peer = s.gather_ranks[i];
+      // To each writer its 64 rows of that writer's half; to the others nothing.
+      for (int64_t half : {0, 1}) {
+        if (*writers[half].begin() != peer) continue;
+        EXPECT_EQ(s.send_rows[i].size, 64) << "rank " << rank << " to " << peer;
+        EXPECT_EQ(s.send_cols[i], (Rows{128 * half, 128})) << "rank " << rank << " to " << peer;
+      }
+    }
+    // The slice carries the narrowed pieces, [index, begin, rows, col begin, cols].
+    auto back = ParseTrainerRankPlan(nlohmann::json::parse(ToJsonText(*plan)));
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    const RankSource& got = back->groups.at(0).sources.at(0);
+    EXPECT_EQ(got.held, s.held);
+    for (size_t i = 0; i < 4; ++i)
+      if (s.send_rows[i].size > 0) EXPECT_EQ(got.send_cols.at(i), s.send_cols[i]) << "rank " << rank << " piece " << i;
+    EXPECT_EQ(ToJson(*back).dump(), ToJsonText(*plan));
+  }
+}
+
 // Stacked fp8 experts [4, rows, 128], EP over experts and FSDP over rows: 2
 // experts per EP slice, rows/2 per shard. Cut at the shard edge, a piece's
 // rows are contiguous within one expert only; where the edge falls inside a
@@ -565,6 +639,11 @@ TEST(RankPlanTextTest, ExchangePiecesAreListedOnlyWhereNonEmpty) {
   EXPECT_EQ(r.status().message(), "rank plan: source '" + src.name +
                                       "': 'send' index 7 is out of order or not one of its " +
                                       std::to_string(src.gather_ranks.size()) + " gather ranks");
+  bad = j;
+  bad["groups"][0]["sources"][0]["recv"] = nlohmann::json::array({nlohmann::json::array({0, 0, 1, 0, 128})});
+  r = ParseTrainerRankPlan(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "rank plan: source '" + src.name + "': 'recv' entries are [gather index, begin, rows]");
   bad = j;
   bad["groups"][0]["sources"][0].erase("send");
   r = ParseTrainerRankPlan(bad);

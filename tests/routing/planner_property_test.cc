@@ -292,7 +292,7 @@ PlanOptions ExchangeOptions(uint32_t seed) {
 }
 
 TEST(PlannerPropertyTest, RandomSetupsWriteEveryByteOnceFromAHolder) {
-  int planned = 0, refused = 0, exchanged = 0, unsupported = 0;
+  int planned = 0, refused = 0, exchanged = 0, narrowed = 0, unsupported = 0;
   uint64_t exchange_bytes = 0, full_tensor_bytes = 0;
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -312,6 +312,7 @@ TEST(PlannerPropertyTest, RandomSetupsWriteEveryByteOnceFromAHolder) {
     if (!exchange.unsupported.empty()) ++unsupported;
     ASSERT_LE(exchange.exchange_bytes, exchange.full_tensor_bytes);
     exchanged += exchange.sources_exchanged;
+    narrowed += exchange.sources_narrowed;
     exchange_bytes += exchange.exchange_bytes;
     full_tensor_bytes += exchange.full_tensor_bytes;
     std::unordered_map<std::string, int32_t> src_index;
@@ -356,10 +357,11 @@ TEST(PlannerPropertyTest, RandomSetupsWriteEveryByteOnceFromAHolder) {
   // pipeline cannot unshard; the planner's coverage above still holds.)
   EXPECT_GT(planned - unsupported, 100);
   EXPECT_GT(exchanged, 50);
+  EXPECT_GT(narrowed, 0);  // pieces narrowed to the columns their writers write
   EXPECT_LT(exchange_bytes, full_tensor_bytes);
   std::printf("planned %d random setups, %d refused as non-contiguous after unshard, %d the pipeline refuses; "
-              "%d (rank, source) exchanges receive %llu bytes where full_tensor would %llu\n",
-              planned, refused, unsupported, exchanged, static_cast<unsigned long long>(exchange_bytes),
+              "%d (rank, source) exchanges (%d narrowed to columns) receive %llu bytes where full_tensor would %llu\n",
+              planned, refused, unsupported, exchanged, narrowed, static_cast<unsigned long long>(exchange_bytes),
               static_cast<unsigned long long>(full_tensor_bytes));
 }
 

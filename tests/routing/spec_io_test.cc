@@ -316,7 +316,7 @@ TEST(SpecIoTest, TrainerSliceWithABadGatherSetNamesTheSource) {
   bad["schema"] = "wsync.trainer_rank_plan/v1";  // each source listed its gather_ranks
   r = ParseTrainerRankPlan(bad);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("expected schema wsync.trainer_rank_plan/v3"), std::string::npos)
+  EXPECT_NE(r.status().message().find("expected schema wsync.trainer_rank_plan/v4"), std::string::npos)
       << r.status().message();
 }
 

@@ -357,7 +357,18 @@ ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inf
           continue;
         }
         ++res.sources_exchanged;
+        res.sources_narrowed += !s.send_cols.empty();
         const int gd = s.gather_dim;
+        // Outside the exchanged dim the rank holds its shard's extent, or,
+        // in the last dim where pieces are narrowed, a part of it.
+        for (int d = 0; d < n; ++d) {
+          if (d == gd) continue;
+          const int64_t lo = p->local_offset[d], hi = lo + p->local_shape[d];
+          const bool narrowed = !s.send_cols.empty() && d == gd + 1 && d == n - 1;
+          if (narrowed ? (s.held.offset[d] < lo || s.held.offset[d] + s.held.size[d] > hi)
+                       : (s.held.offset[d] != lo || s.held.size[d] != p->local_shape[d]))
+            fail(where + ": holds " + BoxText(s.held) + " beyond its shard in dim " + std::to_string(d));
+        }
         // A received row spans every other dim of what the rank holds: of
         // every expert, where experts are stacked before the row dim.
         int64_t inner = esize;
@@ -387,6 +398,23 @@ ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inf
           if (sent.size > 0 && (sent.offset < pp->local_offset[gd] ||
                                 sent.offset + sent.size > pp->local_offset[gd] + pp->local_shape[gd]))
             fail(where + ": rank " + std::to_string(peer) + " sends rows outside its shard");
+          // The piece spans, in every other dim, what this rank holds: the
+          // peer's shard there, or the columns it narrows the piece to
+          // (which must lie in its shard).
+          for (int d = 0; d < n && sent.size > 0; ++d) {
+            if (d == gd) continue;
+            int64_t lo = pp->local_offset[d], size = pp->local_shape[d];
+            if (!ps->send_cols.empty() && d == gd + 1) {
+              const Rows& c = ps->send_cols[me - ps->gather_ranks.begin()];
+              if (c.offset < lo || c.offset + c.size > lo + size)
+                fail(where + ": rank " + std::to_string(peer) + " sends cols outside its shard");
+              lo = c.offset;
+              size = c.size;
+            }
+            if (lo != s.held.offset[d] || size != s.held.size[d])
+              fail(where + ": rank " + std::to_string(peer) + " sends dim " + std::to_string(d) + " [" +
+                   std::to_string(lo) + ", " + std::to_string(lo + size) + "), the rank holds " + BoxText(s.held));
+          }
           if (peer != plan.rank) res.exchange_bytes += static_cast<uint64_t>(r.size * inner);
         }
         if (at != s.held.offset[gd] + s.held.size[gd]) fail(where + ": received pieces do not cover the held rows");

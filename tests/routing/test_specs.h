@@ -86,6 +86,7 @@ struct ExchangeCheck {
   uint64_t exchange_bytes = 0;
   uint64_t full_tensor_bytes = 0;
   int sources_exchanged = 0;  // (rank, source) pairs
+  int sources_narrowed = 0;   // of them, whose pieces are narrowed to columns
 };
 ExchangeCheck CheckExchange(const TrainerSpec& trainer, const InferenceSpec& inference, const RoutingTable& table);
 

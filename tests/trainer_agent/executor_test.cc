@@ -8,6 +8,7 @@
 #include "pipeline/fp8.h"
 #include "pipeline/executor.h"
 #include "pipeline/staged_group.h"
+#include "routing/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -18,8 +19,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "tests/trainer_agent/update_fixture.h"
@@ -157,7 +159,7 @@ struct TrainerRankUnderTest {
 class ExecutorTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto f = testing::MakeUpdateFixture(GetParam(), /*exchange=*/true);
+    auto f = testing::MakeUpdateFixture(GetParam(), /*exchange=*/true, min_shard_piece_);
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     fixture_ = std::move(f).value();
     store_ = MakeInMemoryRendezvousStore();
@@ -346,6 +348,63 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
     UpdateAndVerify(2);
   }
 
+  // Three updates land bit for bit, each rank receiving from its peers
+  // exactly what its plan says, counted here from the rank plans apart from
+  // the executor.
+  void ThreeUpdatesLandBitForBit() {
+    for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateExecutor(r, Options(64 << 20)).ok());
+    uint64_t plan_bytes = 0;
+    for (const TrainerRankPlan& p : fixture_->plans) plan_bytes += p.write_bytes;
+    // What each rank must receive from its peers: in a planned exchange its
+    // rows from each peer, times the bytes of one row of what it holds (of
+    // every expert of a stack); in an all-gather everything it holds but its
+    // shard.
+    std::vector<uint64_t> from_peers(kTrainers, 0);
+    uint64_t exchange_pieces = 0, stacked_pieces = 0;
+    for (int r = 0; r < kTrainers; ++r) {
+      for (const RankMeshGroup& g : fixture_->plans[r].groups) {
+        for (const RankSource& s : g.sources) {
+          const uint64_t esize = DTypeSize(s.dtype);
+          if (!s.exchange()) {
+            if (s.gather_dim >= 0)
+              from_peers[r] += esize * static_cast<uint64_t>(s.held.NumElements() - s.local.NumElements());
+            continue;
+          }
+          uint64_t row = esize;
+          for (int d = 0; d < s.held.ndim; ++d)
+            if (d != s.gather_dim) row *= static_cast<uint64_t>(s.held.size[d]);
+          stacked_pieces += s.held.size[0] > 1 && s.gather_dim > 0;
+          for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
+            if (s.gather_ranks[i] == r) continue;
+            from_peers[r] += row * static_cast<uint64_t>(s.recv_rows[i].size);
+            exchange_pieces += s.recv_rows[i].size > 0;
+          }
+        }
+      }
+    }
+    // The fixture's fp8 tensors have 128-row blocks across FSDP shard edges:
+    // the update must exercise the exchange, of stacked experts too.
+    ASSERT_GT(exchange_pieces, 0u);
+    ASSERT_GT(stacked_pieces, 0u);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      std::vector<VersionReport> reports = UpdateAndVerify(v);
+      if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)
+      ASSERT_EQ(reports.size(), static_cast<size_t>(kTrainers));
+      uint64_t written = 0;
+      for (int r = 0; r < kTrainers; ++r) {
+        const VersionReport& rep = reports[r];
+        written += rep.written_bytes;
+        EXPECT_EQ(rep.writes, fixture_->plans[r].writes);
+        EXPECT_EQ(rep.exchanged_bytes, from_peers[r]) << "rank " << r;
+        EXPECT_LE(rep.peak_temp_bytes, rep.watermark_bytes);
+        EXPECT_GT(rep.peak_temp_bytes, 0u);
+        std::fprintf(stderr, "[rank %d] %s\n", r, rep.Summary().c_str());
+      }
+      EXPECT_EQ(written, plan_bytes);
+    }
+  }
+
+  uint64_t min_shard_piece_ = 0;  // PlanOptions::min_shard_piece_bytes
   std::unique_ptr<testing::UpdateFixture> fixture_;
   std::unique_ptr<RendezvousStore> store_;
   std::vector<std::unique_ptr<TrainerRankUnderTest>> ranks_;
@@ -356,58 +415,7 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) {
-  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(CreateExecutor(r, Options(64 << 20)).ok());
-  uint64_t plan_bytes = 0;
-  for (const TrainerRankPlan& p : fixture_->plans) plan_bytes += p.write_bytes;
-  // What each rank must receive from its peers: in a planned exchange its
-  // rows from each peer, times the bytes of one row of what it holds (of
-  // every expert of a stack); in an all-gather everything it holds but its
-  // shard.
-  std::vector<uint64_t> from_peers(kTrainers, 0);
-  uint64_t exchange_pieces = 0, stacked_pieces = 0;
-  for (int r = 0; r < kTrainers; ++r) {
-    for (const RankMeshGroup& g : fixture_->plans[r].groups) {
-      for (const RankSource& s : g.sources) {
-        const uint64_t esize = DTypeSize(s.dtype);
-        if (!s.exchange()) {
-          if (s.gather_dim >= 0)
-            from_peers[r] += esize * static_cast<uint64_t>(s.held.NumElements() - s.local.NumElements());
-          continue;
-        }
-        uint64_t row = esize;
-        for (int d = 0; d < s.held.ndim; ++d)
-          if (d != s.gather_dim) row *= static_cast<uint64_t>(s.held.size[d]);
-        stacked_pieces += s.held.size[0] > 1 && s.gather_dim > 0;
-        for (size_t i = 0; i < s.gather_ranks.size(); ++i) {
-          if (s.gather_ranks[i] == r) continue;
-          from_peers[r] += row * static_cast<uint64_t>(s.recv_rows[i].size);
-          exchange_pieces += s.recv_rows[i].size > 0;
-        }
-      }
-    }
-  }
-  // The fixture's fp8 tensors have 128-row blocks across FSDP shard edges:
-  // the update must exercise the exchange, of stacked experts too.
-  ASSERT_GT(exchange_pieces, 0u);
-  ASSERT_GT(stacked_pieces, 0u);
-  for (uint64_t v = 1; v <= 3; ++v) {
-    std::vector<VersionReport> reports = UpdateAndVerify(v);
-    if (HasFailure()) return;  // v's writes may still be landing (UpdateAndVerify)
-    ASSERT_EQ(reports.size(), static_cast<size_t>(kTrainers));
-    uint64_t written = 0;
-    for (int r = 0; r < kTrainers; ++r) {
-      const VersionReport& rep = reports[r];
-      written += rep.written_bytes;
-      EXPECT_EQ(rep.writes, fixture_->plans[r].writes);
-      EXPECT_EQ(rep.exchanged_bytes, from_peers[r]) << "rank " << r;
-      EXPECT_LE(rep.peak_temp_bytes, rep.watermark_bytes);
-      EXPECT_GT(rep.peak_temp_bytes, 0u);
-      std::fprintf(stderr, "[rank %d] %s\n", r, rep.Summary().c_str());
-    }
-    EXPECT_EQ(written, plan_bytes);
-  }
-}
+TEST_P(ExecutorTest, ThreeUpdatesLandBitForBit) { ThreeUpdatesLandBitForBit(); }
 
 // A watermark equal to the largest single source: sources must wait for the
 // writes of earlier ones, temporary memory never exceeds it, bytes still right.
@@ -764,6 +772,65 @@ TEST_P(ExecutorTest, DeadReceiverFailsTheWritersNamingIt) {
   }
   EXPECT_GT(failed, 0);
 }
+
+// The planner's default minimum piece: small tensors stay whole, so their
+// writers receive the rest of them. The row-parallel o.weight's two column
+// halves are written by two ranks that receive only their half of each row
+// (RankSource::send_cols), and norm.weight, which both inference ranks hold
+// whole, by one rank that receives it once and writes both copies.
+class ExecutorUncutTest : public ExecutorTest {
+ protected:
+  ExecutorUncutTest() { min_shard_piece_ = PlanOptions{}.min_shard_piece_bytes; }
+};
+
+TEST_P(ExecutorUncutTest, NarrowedAndSharedPiecesLandBitForBit) {
+  bool narrowed = false;
+  std::set<int32_t> norm_writers;
+  for (const TrainerRankPlan& plan : fixture_->plans) {
+    for (const RankMeshGroup& g : plan.groups) {
+      for (const RankSource& s : g.sources) {
+        if (s.name == "layers.0.o.weight" && s.exchange() && !s.writes.empty()) {
+          narrowed = narrowed || !s.send_cols.empty();
+          EXPECT_EQ(s.held.size[1], 128) << "rank " << plan.rank << " holds " << BoxText(s.held);
+        }
+        if (s.name == "norm.weight" && !s.writes.empty()) norm_writers.insert(plan.rank);
+      }
+    }
+  }
+  EXPECT_TRUE(narrowed);
+  EXPECT_EQ(norm_writers.size(), 1u);
+  ThreeUpdatesLandBitForBit();
+}
+
+// A narrowed piece that reaches past the shard's columns is refused before
+// anything runs, naming the tensor, the peer and the columns.
+TEST_P(ExecutorUncutTest, NarrowedPieceOutsideTheShardIsRefused) {
+  for (int32_t r = 0; r < kTrainers; ++r) {
+    TrainerRankPlan plan = fixture_->plans[r];
+    for (RankMeshGroup& g : plan.groups) {
+      for (RankSource& s : g.sources) {
+        if (s.send_cols.empty()) continue;
+        for (size_t i = 0; i < s.send_cols.size(); ++i) {
+          if (s.send_rows[i].size == 0 || s.gather_ranks[i] == r) continue;
+          s.send_cols[i].offset += 200;  // past the 256 columns
+          StatusOr<std::unique_ptr<PlanExecutor>> e = Create(r, plan, Options(64 << 20));
+          ASSERT_FALSE(e.ok());
+          EXPECT_NE(e.status().message().find("piece for rank " + std::to_string(s.gather_ranks[i])), std::string::npos)
+              << e.status().message();
+          EXPECT_NE(e.status().message().find("is outside the local shard"), std::string::npos) << e.status().message();
+          EXPECT_NE(e.status().message().find(s.name), std::string::npos) << e.status().message();
+          return;
+        }
+      }
+    }
+  }
+  FAIL() << "no rank sends a narrowed piece to a peer";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, ExecutorUncutTest, ::testing::Values("shm", "tcp;ofi_rxm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "shm" ? std::string("shm") : std::string("tcp");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Providers, ExecutorTest, ::testing::Values("shm", "tcp;ofi_rxm"),
                          [](const ::testing::TestParamInfo<std::string>& info) {

@@ -46,7 +46,7 @@ TrainerParam Param(const std::string& name, const std::string& mesh, const Shape
 
 // Inference tensor layout of one rank (same on both ranks), with offsets.
 struct DestLayout {
-  uint64_t embed, qk, qk_scale, norm, uneven, experts, experts_scale, total;
+  uint64_t embed, qk, qk_scale, norm, uneven, o, experts, experts_scale, total;
 };
 DestLayout Layout() {
   DestLayout l{};
@@ -61,6 +61,7 @@ DestLayout Layout() {
   l.qk_scale = take(2 * 2 * 4);
   l.norm = take(300 * 4);
   l.uneven = take(200 * 65 * 2);
+  l.o = take(256 * 128 * 2);
   l.experts = take(2 * 384 * 128);
   l.experts_scale = take(2 * 3 * 1 * 4);
   l.total = at + 4096;  // a tail no tensor uses: must stay untouched
@@ -79,7 +80,8 @@ TrainerSpec MakeTrainerSpec() {
     const std::vector<int64_t> dense_coord = {r}, expert_coord = {r / 2, r % 2};
     rank.meshes = {{"dense", {kTrainers}, {"fsdp"}, dense_coord},
                    {"experts", {2, 2}, {"fsdp", "ep"}, expert_coord}};
-    for (const char* name : {"embed.weight", "layers.0.q.weight", "layers.0.k.weight", "norm.weight"}) {
+    for (const char* name :
+         {"embed.weight", "layers.0.q.weight", "layers.0.k.weight", "norm.weight", "layers.0.o.weight"}) {
       rank.params.push_back(Param(name, "dense", {kTrainers}, dense_coord, {Placement::Shard(0)}));
     }
     rank.params.push_back(Param("uneven.weight", "dense", {kTrainers}, dense_coord, {Placement::Shard(1)}));
@@ -116,11 +118,13 @@ InferenceSpec MakeInferenceSpec(const std::vector<std::string>& descriptors) {
     InferenceTensor norm = tensor("norm.weight", {300}, DType::kFP32, l.norm);
     InferenceTensor uneven = tensor("uneven.weight", {200, 65}, DType::kBF16, l.uneven);
     uneven.tp = TpSlice{1, r, 2};
+    InferenceTensor o = tensor("layers.0.o.weight", {256, 128}, DType::kBF16, l.o);  // row-parallel
+    o.tp = TpSlice{1, r, 2};
     InferenceTensor experts = tensor("layers.0.experts.w1", {2, 384, 128}, DType::kFP8E4M3, l.experts);
     experts.experts = ExpertRange{2 * r, 2 * r + 2};
     experts.scale =
         ScaleTensor{"layers.0.experts.w1_scale_inv", {2, 3, 1}, DType::kFP32, {"weights", l.experts_scale}};
-    rank.tensors = {embed, qk, norm, uneven, experts};
+    rank.tensors = {embed, qk, norm, uneven, o, experts};
     spec.ranks.push_back(std::move(rank));
   }
   return spec;
@@ -158,11 +162,13 @@ const std::map<std::string, Shape>& TrainerShapes() {
       {"embed.weight", {512, 128}},       {"layers.0.q.weight", {256, 256}},
       {"layers.0.k.weight", {256, 256}},  {"norm.weight", {300}},
       {"uneven.weight", {200, 130}},      {"layers.0.experts.w1", {4, 384, 128}},
+      {"layers.0.o.weight", {256, 256}},
   };
   return shapes;
 }
 
-StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange) {
+StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange,
+                                                            uint64_t min_shard_piece_bytes) {
   auto f = std::make_unique<UpdateFixture>();
   f->region_bytes = Layout().total;
   std::vector<std::string> descriptors;
@@ -184,7 +190,7 @@ StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& pr
   WSYNC_ASSIGN_OR_RETURN(f->mapping, MakeMapping());
   PlanOptions options;
   options.exchange = exchange;
-  options.min_shard_piece_bytes = 0;  // small tensors: cut at shard edges as large ones are
+  options.min_shard_piece_bytes = min_shard_piece_bytes;
   WSYNC_ASSIGN_OR_RETURN(f->table, Plan(f->trainer, f->inference, f->mapping, options));
   for (int r = 0; r < kTrainers; ++r) {
     WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan, ExtractTrainerRankPlan(f->table, f->trainer, f->inference, r));
@@ -284,6 +290,12 @@ std::vector<uint8_t> ExpectedRegion(int rank, const FullWeights& full, uint64_t 
   const std::vector<uint16_t>& un = full.at("uneven.weight");
   for (int row = 0; row < 200; ++row) {
     std::memcpy(base + l.uneven + row * 65 * 2, un.data() + row * 130 + 65 * rank, 65 * 2);
+  }
+
+  // o: columns [128r, 128r + 128) of [256, 256].
+  const std::vector<uint16_t>& o = full.at("layers.0.o.weight");
+  for (int row = 0; row < 256; ++row) {
+    std::memcpy(base + l.o + row * 128 * 2, o.data() + row * 256 + 128 * rank, 128 * 2);
   }
 
   // experts [2r, 2r + 2) of [4, 384, 128], each quantized on its own.

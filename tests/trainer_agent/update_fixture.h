@@ -1,6 +1,7 @@
 // A small two-MeshGroup setup for executor tests: 4 trainer ranks (dense
 // weights sharded over 4, experts over fsdp 2 x ep 2), 2 inference ranks
-// (tensor parallel 2, fp8 block-quantized qk and experts), real libfabric
+// (tensor parallel 2 on rows or on columns, fp8 block-quantized qk and
+// experts), real libfabric
 // engines on both sides and the routing library's planner in between. The
 // experts' FSDP shards (192 of 384 rows) cut an fp8 block, so a planned
 // exchange moves rows of every expert of a stack.
@@ -58,7 +59,12 @@ const std::map<std::string, Shape>& TrainerShapes();
 // plans. `provider`: "shm" or "tcp;ofi_rxm".
 // `exchange`: plan the exchange (PlanOptions::exchange). Tests whose agents
 // take their plan from a controller must match its planning (full_tensor).
-StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange = false);
+// `min_shard_piece_bytes` (PlanOptions): 0 cuts even small tensors at shard
+// edges; the planner's default leaves them whole, so their writers receive
+// the rest (narrowed to the columns they write) and a tensor every
+// inference rank holds is written by one trainer rank.
+StatusOr<std::unique_ptr<UpdateFixture>> MakeUpdateFixture(const std::string& provider, bool exchange = false,
+                                                            uint64_t min_shard_piece_bytes = 0);
 
 // Deterministic, version-dependent full weights (finite, varied magnitudes
 // per 128-block so fp8 scales differ).
