@@ -66,7 +66,7 @@ struct BenchClusterOptions {
 // Slowest trainer rank per pipeline stage, for the progress lines.
 std::string Stages(const nlohmann::json& stats) {
   std::string out;
-  for (const char* stage : {"all_gather", "quantize_pack", "post", "wait_writes", "barrier"}) {
+  for (const char* stage : {"unshard", "quantize_pack", "post", "wait_writes", "barrier"}) {
     double worst = 0;
     if (stats.is_object()) {
       for (const auto& [rank, st] : stats.items()) {

@@ -23,7 +23,7 @@ struct DemoOptions {
 void PrintStages(const nlohmann::json& stats, uint64_t watermark) {
   if (!stats.is_object() || stats.empty()) return;
   // Slowest rank per stage: the update waits for it.
-  const char* stages[] = {"copy", "all_gather", "quantize_pack", "post", "watermark_wait", "wait_writes", "barrier",
+  const char* stages[] = {"copy", "unshard", "quantize_pack", "post", "watermark_wait", "wait_writes", "barrier",
                           "rendezvous"};
   std::printf("    stages (slowest trainer rank, s):");
   for (const char* stage : stages) {

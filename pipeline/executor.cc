@@ -400,7 +400,7 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
     uint8_t* landing = sw.planes == 1 ? held : base + sw.recv_at;
     Status s = gather_groups[sw.gather_group]->Exchange(base + sw.send_at, sw.send_bytes, landing, sw.recv_bytes);
     if (s.ok() && sw.planes > 1) s = UnpackPlanes(sw, landing, held);
-    t.all_gather += Since(t0);
+    t.unshard += Since(t0);
     if (!s.ok()) {
       GiveBack(sw, 0);
       return s.WithContext(Where(sw) + ": exchange");
@@ -416,7 +416,7 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
     Settle(sw, "copy");
     Status s = gather_groups[sw.gather_group]->AllGatherShards(held + sw.local_at, held, sw.held_shape,
                                                                src.gather_dim, src.dtype);
-    t.all_gather += Since(t0);
+    t.unshard += Since(t0);
     if (!s.ok()) {
       GiveBack(sw, 0);
       return s.WithContext(Where(sw) + ": all-gather");
@@ -620,7 +620,7 @@ std::string VersionReport::Summary() const {
                 "quantize+pack %.3f, post %.3f, watermark wait %.3f (%llu of %llu sources waited), wait writes %.3f, "
                 "barrier %.3f, rendezvous %.3f s; reads done after %.3f s; peak temp %.1f of %.1f MiB",
                 static_cast<unsigned long long>(version), seconds.total, mib,
-                static_cast<unsigned long long>(writes), gbps, seconds.copy, seconds.all_gather,
+                static_cast<unsigned long long>(writes), gbps, seconds.copy, seconds.unshard,
                 static_cast<double>(exchanged_bytes) / (1 << 20),
                 seconds.quantize_pack, seconds.post, seconds.watermark_wait,
                 static_cast<unsigned long long>(watermark_waits), static_cast<unsigned long long>(sources),

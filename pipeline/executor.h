@@ -93,7 +93,7 @@ struct ExecutorOptions {
 // Seconds spent per stage in one Run.
 struct StageSeconds {
   double copy = 0;            // local shard -> temporary memory
-  double all_gather = 0;      // unshard: all-gathers (full_tensor) and planned exchanges
+  double unshard = 0;         // all-gathers (full_tensor) and planned exchanges
   double quantize_pack = 0;   // fp8 quantize + packing boxes into staging
   double post = 0;            // handing writes to the engine
   double watermark_wait = 0;  // waiting for temporary memory

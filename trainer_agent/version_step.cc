@@ -90,7 +90,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
   const StageSeconds& s = r.seconds;
   return {{"stages",
            {{"copy", s.copy},
-            {"all_gather", s.all_gather},
+            {"unshard", s.unshard},
             {"quantize_pack", s.quantize_pack},
             {"post", s.post},
             {"watermark_wait", s.watermark_wait},
