@@ -1,14 +1,17 @@
 #include "routing/plan_summary.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+
+#include <nlohmann/json.hpp>
 
 #include "routing/chunking.h"
 
@@ -75,6 +78,43 @@ int64_t GatherIndex(const RankSource& src, int32_t rank) {
 }  // namespace
 
 namespace {
+
+// Elements that more than one of `boxes` covers, counted once per extra box:
+// a grid of every box edge per dim, each cell weighed by its coverage.
+uint64_t RepeatedElements(const std::vector<Box>& boxes) {
+  if (boxes.size() < 2) return 0;
+  const int n = boxes[0].ndim;
+  std::array<std::vector<int64_t>, kMaxDims> cuts;
+  for (int d = 0; d < n; ++d) {
+    for (const Box& b : boxes) {
+      cuts[d].push_back(b.offset[d]);
+      cuts[d].push_back(b.offset[d] + b.size[d]);
+    }
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+  }
+  uint64_t repeated = 0;
+  std::array<size_t, kMaxDims> at{};
+  while (true) {
+    uint64_t volume = 1;
+    for (int d = 0; d < n; ++d) volume *= static_cast<uint64_t>(cuts[d][at[d] + 1] - cuts[d][at[d]]);
+    uint64_t cover = 0;
+    for (const Box& b : boxes) {
+      bool in = true;
+      for (int d = 0; d < n && in; ++d)
+        in = b.offset[d] <= cuts[d][at[d]] && cuts[d][at[d] + 1] <= b.offset[d] + b.size[d];
+      cover += in;
+    }
+    if (cover > 1) repeated += volume * (cover - 1);
+    int d = n - 1;  // odometer over the cells
+    for (; d >= 0; --d) {
+      if (++at[d] + 1 < cuts[d].size()) break;
+      at[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return repeated;
+}
 
 // Calls its visitor with every trainer rank's plan, in turn.
 using RankPlans = std::function<Status(const std::function<void(const TrainerRankPlan&)>&)>;
@@ -183,6 +223,19 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
     for (auto* v : {&g_gather, &g_gather_nic, &g_calls})
       for (auto& per_rank : *v) std::fill(per_rank.begin(), per_rank.end(), 0.0);
     const auto host = [&](int32_t r) -> const std::string& { return table.trainer_endpoints[r].host; };
+    // What each host receives from each peer of another host, per source
+    // (a group's sources are in the same order on all its ranks).
+    struct Into {
+      uint64_t source;  // group << 32 | index in the group's sources
+      int32_t peer, host;
+      int64_t esize;
+      Box box;
+    };
+    std::vector<Into> into_host;
+    std::unordered_map<std::string, int32_t> host_ids;
+    std::vector<int32_t> host_of(nt);
+    for (size_t r = 0; r < nt; ++r)
+      host_of[r] = host_ids.emplace(table.trainer_endpoints[r].host, static_cast<int32_t>(host_ids.size())).first->second;
     WSYNC_RETURN_IF_ERROR((*rank_plans)([&](const TrainerRankPlan& plan) {
       const int32_t me = plan.rank;
       if (me < 0 || static_cast<size_t>(me) >= nt) return;
@@ -190,7 +243,8 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
         auto it = group_of.find(group.name);
         if (it == group_of.end()) continue;
         const size_t g = it->second;
-        for (const RankSource& src : group.sources) {
+        for (size_t k = 0; k < group.sources.size(); ++k) {
+          const RankSource& src = group.sources[k];
           if (src.gather_dim < 0) {
             ++s.unshard_none;
             continue;
@@ -210,6 +264,18 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
             if (host(peer) == host(me)) {
               g_gather[g][me] += in;
             } else {
+              Box piece = src.held;
+              const int gd = src.gather_dim;
+              if (src.exchange()) {
+                piece.offset[gd] = src.recv_rows[i].offset;
+                piece.size[gd] = src.recv_rows[i].size;
+              } else {
+                const Range c = ChunkRange(src.held.size[gd], parts, i);
+                piece.offset[gd] += c.offset;
+                piece.size[gd] = c.size;
+              }
+              if (piece.NumElements() > 0)
+                into_host.push_back({static_cast<uint64_t>(g) << 32 | k, peer, host_of[me], DTypeSize(src.dtype), piece});
               s.exchange_cross_host_bytes += static_cast<uint64_t>(in);
               g_gather_nic[g][me] += in;
               g_unshard_send[g][tnic_of[me]] += out;
@@ -218,6 +284,23 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
         }
       }
     }));
+    const auto same = [](const Into& a, const Into& b) {
+      return std::tie(a.source, a.peer, a.host) == std::tie(b.source, b.peer, b.host);
+    };
+    std::sort(into_host.begin(), into_host.end(), [](const Into& a, const Into& b) {
+      return std::tie(a.source, a.peer, a.host) < std::tie(b.source, b.peer, b.host);
+    });
+    std::vector<Box> boxes;
+    for (size_t i = 0; i < into_host.size();) {
+      size_t e = i + 1;
+      while (e < into_host.size() && same(into_host[i], into_host[e])) ++e;
+      if (e - i > 1) {
+        boxes.clear();
+        for (size_t j = i; j < e; ++j) boxes.push_back(into_host[j].box);
+        s.exchange_repeat_cross_host_bytes += RepeatedElements(boxes) * static_cast<uint64_t>(into_host[i].esize);
+      }
+      i = e;
+    }
   }
 
   // Unshard bytes from other hosts enter through the rank's NIC, which the
@@ -318,11 +401,12 @@ std::string FormatSummaryText(const PlanSummary& s) {
     const double saved = s.full_tensor_bytes > 0 ? 1.0 - double(s.exchange_bytes) / double(s.full_tensor_bytes) : 0;
     if (s.from_rank_plans) {
       std::snprintf(line, sizeof line,
-                    "  unshard      ranks receive %s from their peers (%s between hosts) where full_tensor would "
+                    "  unshard      ranks receive %s from their peers (%s between hosts, %s of it into a host a "
+                    "second time) where full_tensor would "
                     "move %s (%.1f%% less); (rank, tensor) pairs: %llu exchange pieces, %llu all-gather, "
                     "%llu from the shard as is\n",
                     Bytes(s.exchange_bytes).c_str(), Bytes(s.exchange_cross_host_bytes).c_str(),
-                    Bytes(s.full_tensor_bytes).c_str(), saved * 100,
+                    Bytes(s.exchange_repeat_cross_host_bytes).c_str(), Bytes(s.full_tensor_bytes).c_str(), saved * 100,
                     static_cast<unsigned long long>(s.unshard_pieces),
                     static_cast<unsigned long long>(s.unshard_gathers),
                     static_cast<unsigned long long>(s.unshard_none));
@@ -391,6 +475,7 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["unshard_from_rank_plans"] = s.from_rank_plans;
   j["exchange_bytes"] = s.exchange_bytes;
   j["exchange_cross_host_bytes"] = s.exchange_cross_host_bytes;
+  j["exchange_repeat_cross_host_bytes"] = s.exchange_repeat_cross_host_bytes;
   j["full_tensor_bytes"] = s.full_tensor_bytes;
   j["unshard_pairs"] = {{"exchange", s.unshard_pieces}, {"all_gather", s.unshard_gathers}, {"none", s.unshard_none}};
   j["predicted_seconds"] = s.predicted_seconds;

@@ -79,6 +79,10 @@ struct PlanSummary {
   bool from_rank_plans = false;
   uint64_t exchange_bytes = 0;
   uint64_t exchange_cross_host_bytes = 0;  // of which between hosts
+  // Of those, bytes a host receives from one peer more than once (several
+  // of its ranks receiving the same elements: full_tensor's all-gather, or
+  // replicas each receiving what they share); the rest cross once.
+  uint64_t exchange_repeat_cross_host_bytes = 0;
   uint64_t full_tensor_bytes = 0;
   // (rank, source) pairs by how the executor unshards them.
   uint64_t unshard_pieces = 0;      // planned exchange: only the rows it writes

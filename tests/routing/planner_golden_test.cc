@@ -419,6 +419,15 @@ TEST(PlannerGoldenTest, CopiesOfAPieceHaveOneWriterThatReceivesOnlyItsColumns) {
   ASSERT_TRUE(summary.ok()) << summary.status().message();
   EXPECT_EQ(summary->exchange_bytes, check.exchange_bytes);
   EXPECT_EQ(summary->exchange_cross_host_bytes, 2u * 128 * 128 * 2);
+  EXPECT_EQ(summary->exchange_repeat_cross_host_bytes, 0u);  // each element crosses into a host once
+  // full_tensor: both ranks of a host receive the other host's two 64-row
+  // shards, whole rows; the second copy into each host is the repeat.
+  auto full = Plan(trainer, inference, mapping, AllGather());
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  auto full_summary = SummarizeFromRankPlans(*full, trainer, inference, LinkModel{});
+  ASSERT_TRUE(full_summary.ok()) << full_summary.status().message();
+  EXPECT_EQ(full_summary->exchange_cross_host_bytes, 4u * 128 * 256 * 2);
+  EXPECT_EQ(full_summary->exchange_repeat_cross_host_bytes, 2u * 128 * 256 * 2);
 
   for (int32_t rank = 0; rank < 4; ++rank) {
     auto plan = ExtractTrainerRankPlan(*table, trainer, inference, rank);
