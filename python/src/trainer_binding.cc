@@ -125,7 +125,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   if (!reg.ok()) return reg.status().WithContext(me + ": registering with controller " + s->client_.address());
   LogLine(rank, "registered with controller " + s->client_.address() + " (" +
                     std::to_string(reg->value("registered", 0)) + " of " + std::to_string(reg->value("world", 0)) +
-                    " trainer ranks); " + s->engine_->Describe());
+                    " agents, trainer and inference); " + s->engine_->Describe());
   s->heartbeat_ = std::make_unique<controller::HeartbeatSender>(s->client_, controller::Role::kTrainer, rank);
 
   StatusOr<controller::TrainerPlanSlice> slice =
