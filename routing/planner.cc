@@ -424,6 +424,51 @@ void Planner::Assign(const RoutingTable& table) {
       rank_load[best] += unit.bytes;
       nic_load[nic_of[best]] += unit.bytes;
     }
+
+    // A rank receives one box per source (SourceTensor::needs, the bounding
+    // box of its writes): a rank given two non-adjacent uncut slices of a
+    // tensor (TP column slices, say) receives the slices between them too,
+    // which their own writers on its host receive as well. Where a tensor's
+    // uncut slices are alike (same bytes, apart along one dim only), they
+    // are dealt out again in order, each writer taking as many as it had:
+    // the same loads, and each writer's slices adjacent.
+    std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.begin < b.begin; });
+    const auto job_of = [&](const Unit& u) -> Job& { return jobs_[members[u.begin]]; };
+    for (size_t u = 0; u < units.size();) {
+      const Job& head = job_of(units[u]);
+      size_t e = u + 1;
+      while (shared(head) && e < units.size() && shared(job_of(units[e])) &&
+             std::tie(head.layout, head.klass, head.src) ==
+                 std::tie(job_of(units[e]).layout, job_of(units[e]).klass, job_of(units[e]).src))
+        ++e;
+      int along = -1;  // the one dim the slices step along
+      bool alike = e - u > 1;
+      for (size_t k = u + 1; k < e && alike; ++k) {
+        const Box& a = head.src_box;
+        const Box& b = job_of(units[k]).src_box;
+        alike = units[k].bytes == units[u].bytes && a.ndim == b.ndim && a.size == b.size;
+        for (int d = 0; d < a.ndim && alike; ++d) {
+          if (a.offset[d] == b.offset[d]) continue;
+          if (along < 0) along = d;
+          alike = d == along;
+        }
+      }
+      if (alike) {
+        // Writers in the order they first appear, each with its count.
+        std::vector<std::pair<int32_t, size_t>> writers;
+        for (size_t k = u; k < e; ++k) {
+          const int32_t w = job_of(units[k]).sender;
+          auto it = std::find_if(writers.begin(), writers.end(), [w](const auto& p) { return p.first == w; });
+          if (it == writers.end()) writers.emplace_back(w, 1);
+          else ++it->second;
+        }
+        size_t k = u;
+        for (const auto& [w, count] : writers)
+          for (size_t c = 0; c < count; ++c, ++k)
+            for (uint32_t i = units[k].begin; i < units[k].end; ++i) jobs_[members[i]].sender = w;
+      }
+      u = e;
+    }
   }
 }
 

@@ -455,6 +455,47 @@ TEST(PlannerGoldenTest, CopiesOfAPieceHaveOneWriterThatReceivesOnlyItsColumns) {
   }
 }
 
+// More uncut slices than holders: bf16 [256, 1024], FSDP over 4 ranks on 2
+// hosts, one engine of TP 8 on its columns. Balanced in turn, rank 0 would
+// write slices 0 and 4 and so receive the columns of slices 1-3 too, which
+// ranks 1 and 2 receive as well. Dealt out again in order, each rank writes
+// two adjacent slices, receives only their 256 columns of the 192 rows it
+// lacks, and nothing enters a host twice.
+TEST(PlannerGoldenTest, AlikeSlicesOfATensorGoToEachWriterAdjacent) {
+  TrainerSpec trainer = testing::BuildTrainer({{"dense", {4}, {"fsdp"}}}, {{"dense", "dense", {"fsdp"}}},
+                                              {{"o.w", {256, 1024}, DType::kBF16, "dense", {Placement::Shard(0)}}},
+                                              /*ranks_per_host=*/2);
+  InferenceSpec inference;
+  for (int32_t r = 0; r < 8; ++r) {
+    InferenceRank rank;
+    rank.rank = r;
+    rank.host = "infer-" + std::to_string(r / 4);
+    testing::AddTensor(&rank, "o.w", {256, 128}, DType::kBF16, TpSlice{1, r, 8});
+    inference.ranks.push_back(rank);
+  }
+  MappingSpec mapping;
+  mapping.rules.push_back({MappingRule::Kind::kDirect, "o.w", {{"o.w", 0, std::nullopt}}, 0});
+  auto table = Plan(trainer, inference, mapping, PlanOptions{});
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  ASSERT_EQ(testing::CheckPlan(trainer, inference, *table).error, "");
+  const testing::ExchangeCheck check = testing::CheckExchange(trainer, inference, *table);
+  ASSERT_EQ(check.error, "");
+  std::map<int32_t, std::set<int64_t>> slices;  // trainer rank -> the TP slices it writes
+  for (const WriteOp& op : table->ops) slices[op.src_rank].insert(op.src_box.offset[1] / 128);
+  ASSERT_EQ(slices.size(), 4u);
+  for (const auto& [rank, s] : slices) {
+    ASSERT_EQ(s.size(), 2u) << "rank " << rank;
+    EXPECT_EQ(*s.rbegin(), *s.begin() + 1) << "rank " << rank << " writes slices " << *s.begin() << " and "
+                                           << *s.rbegin();
+  }
+  EXPECT_EQ(check.exchange_bytes, 4u * 192 * 256 * 2);
+  auto summary = SummarizeFromRankPlans(*table, trainer, inference, LinkModel{});
+  ASSERT_TRUE(summary.ok()) << summary.status().message();
+  EXPECT_EQ(summary->exchange_bytes, check.exchange_bytes);
+  EXPECT_EQ(summary->exchange_cross_host_bytes, 4u * 128 * 256 * 2);
+  EXPECT_EQ(summary->exchange_repeat_cross_host_bytes, 0u);
+}
+
 // Stacked fp8 experts [4, rows, 128], EP over experts and FSDP over rows: 2
 // experts per EP slice, rows/2 per shard. Cut at the shard edge, a piece's
 // rows are contiguous within one expert only; where the edge falls inside a
