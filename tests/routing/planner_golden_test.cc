@@ -373,6 +373,30 @@ TEST(PlannerGoldenTest, PiecesBelowTheMinimumAreNotCutAtShardEdges) {
   EXPECT_EQ(check.full_tensor_bytes, 2 * check.exchange_bytes);
 }
 
+// bf16 "o.w" [256, cols], FSDP (Shard(0)) over 4 trainer ranks, 2 per host,
+// held by `replicas` engines of TP `tp` on its columns (one host each).
+struct ColumnSliced {
+  TrainerSpec trainer;
+  InferenceSpec inference;
+  MappingSpec mapping;
+};
+ColumnSliced MakeColumnSliced(int64_t cols, int32_t replicas, int32_t tp) {
+  ColumnSliced c;
+  c.trainer = testing::BuildTrainer({{"dense", {4}, {"fsdp"}}}, {{"dense", "dense", {"fsdp"}}},
+                                    {{"o.w", {256, cols}, DType::kBF16, "dense", {Placement::Shard(0)}}},
+                                    /*ranks_per_host=*/2);
+  for (int32_t r = 0; r < replicas * tp; ++r) {
+    InferenceRank rank;
+    rank.rank = r;
+    rank.instance = r / tp;
+    rank.host = "infer-" + std::to_string(r / tp);
+    testing::AddTensor(&rank, "o.w", {256, cols / tp}, DType::kBF16, TpSlice{1, r % tp, tp});
+    c.inference.ranks.push_back(rank);
+  }
+  c.mapping.rules.push_back({MappingRule::Kind::kDirect, "o.w", {{"o.w", 0, std::nullopt}}, 0});
+  return c;
+}
+
 // A row-parallel weight below the minimum piece: bf16 [256, 256], FSDP over
 // 4 ranks on 2 hosts (64 rows each), held by 2 engine replicas of TP 2 on
 // its columns. Each column half is one piece of all 256 rows; its 2 copies
@@ -380,20 +404,10 @@ TEST(PlannerGoldenTest, PiecesBelowTheMinimumAreNotCutAtShardEdges) {
 // rows of its 128 columns only: half of each row, once. Every writer
 // gathering whole rows, once per copy, would move 4 x 192 rows x 256 x bf16.
 TEST(PlannerGoldenTest, CopiesOfAPieceHaveOneWriterThatReceivesOnlyItsColumns) {
-  TrainerSpec trainer = testing::BuildTrainer({{"dense", {4}, {"fsdp"}}}, {{"dense", "dense", {"fsdp"}}},
-                                              {{"o.w", {256, 256}, DType::kBF16, "dense", {Placement::Shard(0)}}},
-                                              /*ranks_per_host=*/2);
-  InferenceSpec inference;
-  for (int32_t r = 0; r < 4; ++r) {
-    InferenceRank rank;
-    rank.rank = r;
-    rank.instance = r / 2;
-    rank.host = "infer-" + std::to_string(r / 2);
-    testing::AddTensor(&rank, "o.w", {256, 128}, DType::kBF16, TpSlice{1, r % 2, 2});
-    inference.ranks.push_back(rank);
-  }
-  MappingSpec mapping;
-  mapping.rules.push_back({MappingRule::Kind::kDirect, "o.w", {{"o.w", 0, std::nullopt}}, 0});
+  const ColumnSliced c = MakeColumnSliced(256, /*replicas=*/2, /*tp=*/2);
+  const TrainerSpec& trainer = c.trainer;
+  const InferenceSpec& inference = c.inference;
+  const MappingSpec& mapping = c.mapping;
   PlanOptions opt;  // the defaults: the exchange, pieces of at least 128 KiB
   ASSERT_GT(opt.min_shard_piece_bytes, 256u * 128 * 2 / 4);
   auto table = Plan(trainer, inference, mapping, opt);
@@ -462,19 +476,10 @@ TEST(PlannerGoldenTest, CopiesOfAPieceHaveOneWriterThatReceivesOnlyItsColumns) {
 // two adjacent slices, receives only their 256 columns of the 192 rows it
 // lacks, and nothing enters a host twice.
 TEST(PlannerGoldenTest, AlikeSlicesOfATensorGoToEachWriterAdjacent) {
-  TrainerSpec trainer = testing::BuildTrainer({{"dense", {4}, {"fsdp"}}}, {{"dense", "dense", {"fsdp"}}},
-                                              {{"o.w", {256, 1024}, DType::kBF16, "dense", {Placement::Shard(0)}}},
-                                              /*ranks_per_host=*/2);
-  InferenceSpec inference;
-  for (int32_t r = 0; r < 8; ++r) {
-    InferenceRank rank;
-    rank.rank = r;
-    rank.host = "infer-" + std::to_string(r / 4);
-    testing::AddTensor(&rank, "o.w", {256, 128}, DType::kBF16, TpSlice{1, r, 8});
-    inference.ranks.push_back(rank);
-  }
-  MappingSpec mapping;
-  mapping.rules.push_back({MappingRule::Kind::kDirect, "o.w", {{"o.w", 0, std::nullopt}}, 0});
+  const ColumnSliced c = MakeColumnSliced(1024, /*replicas=*/1, /*tp=*/8);
+  const TrainerSpec& trainer = c.trainer;
+  const InferenceSpec& inference = c.inference;
+  const MappingSpec& mapping = c.mapping;
   auto table = Plan(trainer, inference, mapping, PlanOptions{});
   ASSERT_TRUE(table.ok()) << table.status().message();
   ASSERT_EQ(testing::CheckPlan(trainer, inference, *table).error, "");
