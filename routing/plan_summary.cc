@@ -284,12 +284,9 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
         }
       }
     }));
-    const auto same = [](const Into& a, const Into& b) {
-      return std::tie(a.source, a.peer, a.host) == std::tie(b.source, b.peer, b.host);
-    };
-    std::sort(into_host.begin(), into_host.end(), [](const Into& a, const Into& b) {
-      return std::tie(a.source, a.peer, a.host) < std::tie(b.source, b.peer, b.host);
-    });
+    const auto key = [](const Into& a) { return std::tie(a.source, a.peer, a.host); };
+    const auto same = [&](const Into& a, const Into& b) { return key(a) == key(b); };
+    std::sort(into_host.begin(), into_host.end(), [&](const Into& a, const Into& b) { return key(a) < key(b); });
     std::vector<Box> boxes;
     for (size_t i = 0; i < into_host.size();) {
       size_t e = i + 1;

@@ -377,13 +377,11 @@ void Planner::Assign(const RoutingTable& table) {
     uint64_t bytes = 0;
     uint32_t begin = 0, end = 0;  // into `members`
   };
-  std::vector<uint32_t> members;
   std::vector<Unit> units;
   std::vector<uint64_t> rank_load(trainer_.ranks.size()), nic_load(nic_ids.size());
-  for (std::vector<uint32_t>& order : by_group) {
+  for (std::vector<uint32_t>& members : by_group) {  // the group's jobs
     std::fill(rank_load.begin(), rank_load.end(), 0);
     std::fill(nic_load.begin(), nic_load.end(), 0);
-    members = order;
     std::sort(members.begin(), members.end(), [&](uint32_t a, uint32_t b) {
       const bool sa = shared(jobs_[a]), sb = shared(jobs_[b]);
       if (sa != sb) return sb;  // single jobs first
@@ -394,8 +392,8 @@ void Planner::Assign(const RoutingTable& table) {
     units.clear();
     for (uint32_t i = 0; i < members.size(); ++i) {
       const Job& job = jobs_[members[i]];
-      const bool joins = !units.empty() && shared(job) && i > 0 && shared(jobs_[members[i - 1]]) &&
-                         !key_less(jobs_[members[i - 1]], job);
+      // Sorted: a shared job after one of equal key joins its unit.
+      const bool joins = i > 0 && shared(job) && shared(jobs_[members[i - 1]]) && !key_less(jobs_[members[i - 1]], job);
       if (!joins) units.push_back(Unit{0, i, i});
       units.back().bytes += job.bytes;
       units.back().end = i + 1;
