@@ -303,6 +303,7 @@ StatusOr<VersionStatus> ParseVersionStatus(const json& j) {
     v.failures.push_back({f.value("role", ""), f.value("rank", -1), f.value("error", "")});
   v.seconds = j.value("seconds", 0.0);
   v.landed = j.value("landed", false) == true;
+  v.admitted = j.value("admitted", false) == true;
   v.raw = j;
   return v;
 }
@@ -374,23 +375,35 @@ StatusOr<std::vector<WriteChecksum>> ControllerClient::FetchChecksums(uint64_t v
 }
 
 StatusOr<VersionStatus> ControllerClient::WaitVersion(uint64_t version, Clock::time_point deadline) {
-  return WaitVersionUntil(version, deadline, false);
+  return WaitVersionUntil(version, deadline, Until::kFinished);
 }
 
 StatusOr<VersionStatus> ControllerClient::WaitVersionLanded(uint64_t version, Clock::time_point deadline) {
-  return WaitVersionUntil(version, deadline, true);
+  return WaitVersionUntil(version, deadline, Until::kLanded);
 }
 
-StatusOr<VersionStatus> ControllerClient::WaitVersionUntil(uint64_t version, Clock::time_point deadline, bool landed) {
+StatusOr<VersionStatus> ControllerClient::WaitVersionAdmitted(uint64_t version, Clock::time_point deadline) {
+  return WaitVersionUntil(version, deadline, Until::kAdmitted);
+}
+
+StatusOr<json> ControllerClient::Gate(int32_t rank, const std::string& move, uint64_t version) {
+  json body = {{"rank", rank}, {"move", move}};
+  if (move == "upto") body["version"] = version;
+  return SendJson("POST", "/v1/gate", body);
+}
+
+StatusOr<VersionStatus> ControllerClient::WaitVersionUntil(uint64_t version, Clock::time_point deadline, Until until) {
+  const bool landed = until == Until::kLanded;
+  const char* param = landed ? "&until=landed" : until == Until::kAdmitted ? "&until=admitted" : "";
   while (true) {
     const milliseconds wait = std::min(Remaining(deadline), kPollSlice);
     StatusOr<json> j = SendJson("GET",
                                 "/v1/versions/" + std::to_string(version) + "?wait_ms=" + std::to_string(wait.count()) +
-                                    (landed ? "&until=landed" : ""),
+                                    param,
                                 nullptr, wait);
     if (j.ok()) {
       WSYNC_ASSIGN_OR_RETURN(VersionStatus v, ParseVersionStatus(*j));
-      if (v.finished() || (landed && v.landed)) return v;
+      if (v.finished() || (landed && v.landed) || (until == Until::kAdmitted && v.admitted)) return v;
       if (Clock::now() >= deadline)
         return DeadlineExceeded("version " + std::to_string(version) + " still " + v.state +
                                 " at the deadline: " + j->dump());

@@ -63,6 +63,7 @@ struct VersionStatus {
   nlohmann::json raw;
 
   bool landed = false;  // every inference rank done (shadow ranks copy it out next)
+  bool admitted = false;  // trainers may write it (every engine-paced rank let it in)
   bool complete() const { return state == "complete"; }
   bool failed() const { return state == "failed"; }
   bool finished() const { return complete() || failed(); }
@@ -150,6 +151,14 @@ class ControllerClient {
   // rank done; shadow ranks then copy it out): check `landed`. NotFound at
   // once for a version the controller does not know.
   StatusOr<VersionStatus> WaitVersionLanded(uint64_t version, Clock::time_point deadline);
+  // The same, also answering once trainers may write the version (every
+  // engine-paced inference rank let it in): check `admitted`.
+  StatusOr<VersionStatus> WaitVersionAdmitted(uint64_t version, Clock::time_point deadline);
+
+  // An engine-paced inference rank moves its gate (POST /v1/gate): "open",
+  // "newest", "upto" (with `version`) or "close". The answer: {"rank",
+  // "pacing", "open", "upto", "admitted", "admitted_running", "newest"}.
+  StatusOr<nlohmann::json> Gate(int32_t rank, const std::string& move, uint64_t version = 0);
 
   // Liveness: once a rank has sent one, the controller expects one at least
   // every heartbeat_timeout_s (default 10 s) and otherwise fails the
@@ -182,7 +191,8 @@ class ControllerClient {
   StatusOr<nlohmann::json> AnswerJson(const std::string& method, const std::string& path, const Reply& reply) const;
   Status ErrorFrom(const std::string& method, const std::string& path, const Reply& reply) const;
   StatusOr<VersionStatus> VersionCall(uint64_t version, const std::string& action, const nlohmann::json& body);
-  StatusOr<VersionStatus> WaitVersionUntil(uint64_t version, Clock::time_point deadline, bool landed);
+  enum class Until { kFinished, kLanded, kAdmitted };
+  StatusOr<VersionStatus> WaitVersionUntil(uint64_t version, Clock::time_point deadline, Until until);
 
   std::string host_;
   int port_;

@@ -194,6 +194,11 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
 
 void Controller::InstallPlanLocked(std::shared_ptr<const PlanState> plan) {
   plan_ = std::move(plan);
+  // Engine-paced ranks: a gate keeps its place across epochs (an engine
+  // inside update() keeps it open); a rank that changed its pacing starts
+  // again from that pacing's default.
+  for (const InferenceRank& r : plan_->inference.ranks)
+    if (versions_.PacingOf(r.rank) != r.pacing) versions_.SetPacing(r.rank, r.pacing);
   trainer_slices_.clear();
   inference_slices_.clear();
   planned_ = true;
@@ -825,7 +830,18 @@ StatusOr<json> Controller::ReportFailure(uint64_t v, Role role, int32_t rank, co
   return r->ToJson(now);
 }
 
-StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait, bool until_landed) {
+StatusOr<json> Controller::Gate(int32_t rank, GateMove move, uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  TickLocked(now);
+  WSYNC_RETURN_IF_ERROR(CheckReportLocked(Role::kInference, rank));
+  SeenLocked(Role::kInference, rank, now);
+  WSYNC_ASSIGN_OR_RETURN(GateState g, versions_.Gate(rank, move, version));
+  cv_.notify_all();  // trainers wait for admission, agents' status long polls for it
+  return g.ToJson();
+}
+
+StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait, Until until_what) {
   std::unique_lock<std::mutex> lock(mu_);
   const Clock::time_point until = Clock::now() + wait;
   while (true) {
@@ -833,7 +849,9 @@ StatusOr<json> Controller::GetVersion(uint64_t v, Clock::duration wait, bool unt
     TickLocked(now);
     const VersionRecord* r = versions_.Find(v);
     if (!r) return NotFound("version " + std::to_string(v) + " was never started (or is too old to be kept)");
-    if (r->finished() || (until_landed && r->landed) || now >= until || shutdown_) return r->ToJson(now);
+    if (r->finished() || (until_what == Until::kLanded && r->landed) ||
+        (until_what == Until::kAdmitted && r->admitted) || now >= until || shutdown_)
+      return r->ToJson(now);
     // Wake at the version's deadline too, so expiry is seen while waiting.
     cv_.wait_until(lock, std::min(until, r->deadline + std::chrono::milliseconds(1)));
   }

@@ -117,9 +117,15 @@ class Controller {
   StatusOr<nlohmann::json> ReportCommitted(uint64_t v, int32_t rank);
   StatusOr<nlohmann::json> ReportFailure(uint64_t v, Role role, int32_t rank,
                                          const std::string& error);
-  // Waits up to `wait` for the version to finish (or, with `until_landed`,
-  // to land: shadow ranks wait for that to copy it out). NotFound if never seen.
-  StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait, bool until_landed = false);
+  // Waits up to `wait` for the version to finish, or also to land (shadow
+  // ranks wait for that to copy it out) or to be admitted (trainers wait for
+  // that before they write, docs/CONTROL_PLANE.md "Engine-paced ranks").
+  // NotFound if never seen.
+  enum class Until { kFinished, kLanded, kAdmitted };
+  StatusOr<nlohmann::json> GetVersion(uint64_t v, Clock::duration wait, Until until = Until::kFinished);
+  // An engine-paced inference rank moves its gate (VersionTracker::Gate);
+  // FailedPrecondition for a rank that registered without pacing.
+  StatusOr<nlohmann::json> Gate(int32_t rank, GateMove move, uint64_t version);
   // The checksums of every write inference rank `rank` receives in `v`, as
   // the trainers sent them, once every trainer rank reported done (waits up
   // to `wait` for that): {"version", "rank", "state", "checksums": {"<region>":

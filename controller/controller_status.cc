@@ -40,9 +40,9 @@ class MetricsWriter {
 }  // namespace
 
 std::string Controller::VersionsFingerprintLocked() const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over (version, state)
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (version, state, admitted)
   for (const auto& [v, r] : versions_.records()) {
-    h = (h ^ (v * 4 + static_cast<uint64_t>(r.state))) * 1099511628211ull;
+    h = (h ^ (v * 8 + static_cast<uint64_t>(r.state) * 2 + r.admitted)) * 1099511628211ull;
   }
   char text[40];
   std::snprintf(text, sizeof text, "%016llx-%zu", static_cast<unsigned long long>(h), versions_.records().size());

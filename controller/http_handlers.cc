@@ -153,9 +153,32 @@ StatusOr<json> HandleGetChecksums(Controller& c, const std::string& version, con
 StatusOr<json> HandleGetVersion(Controller& c, const std::string& version, std::chrono::milliseconds wait,
                                 const std::string& until) {
   WSYNC_ASSIGN_OR_RETURN(uint64_t v, ParseVersion(version));
-  if (!until.empty() && until != "landed")
-    return InvalidArgument("/v1/versions/" + version + ": 'until' must be 'landed' (or absent: finished)");
-  return c.GetVersion(v, wait, until == "landed");
+  if (!until.empty() && until != "landed" && until != "admitted")
+    return InvalidArgument("/v1/versions/" + version + ": 'until' must be 'landed' or 'admitted' (or absent: finished)");
+  return c.GetVersion(v, wait,
+                      until == "landed"     ? Controller::Until::kLanded
+                      : until == "admitted" ? Controller::Until::kAdmitted
+                                            : Controller::Until::kFinished);
+}
+
+StatusOr<json> HandleGate(Controller& c, const std::string& path, const std::string& text) {
+  WSYNC_ASSIGN_OR_RETURN(json body, ParseBody(path, text));
+  WSYNC_ASSIGN_OR_RETURN(int32_t rank, RankField(body, path));
+  WSYNC_ASSIGN_OR_RETURN(std::string move_text, StringField(body, "move", "", "gate"));
+  static const std::pair<const char*, GateMove> kMoves[] = {
+      {"open", GateMove::kOpen}, {"newest", GateMove::kNewest}, {"upto", GateMove::kUpto}, {"close", GateMove::kClose}};
+  std::optional<GateMove> move;
+  for (const auto& [name, m] : kMoves)
+    if (move_text == name) move = m;
+  if (!move) return InvalidArgument("gate: 'move' must be open, newest, upto or close");
+  uint64_t version = 0;
+  if (*move == GateMove::kUpto) {
+    const json v = body.value("version", json());
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0)
+      return InvalidArgument("gate: move 'upto' needs a positive integer 'version'");
+    version = v.get<uint64_t>();
+  }
+  return c.Gate(rank, *move, version);
 }
 
 }  // namespace wsync::controller

@@ -55,8 +55,12 @@ StatusOr<nlohmann::json> HandleVersionReport(Controller& c, const std::string& v
 StatusOr<nlohmann::json> HandleGetChecksums(Controller& c, const std::string& version, const std::string& rank,
                                             std::chrono::milliseconds wait);
 // GET /v1/versions/<v>
-// (`until`: "landed" also answers once the version has landed.)
+// (`until`: "landed" also answers once the version has landed, "admitted"
+// once trainers may write it.)
 StatusOr<nlohmann::json> HandleGetVersion(Controller& c, const std::string& version,
                                           std::chrono::milliseconds wait, const std::string& until = "");
+// POST /v1/gate {"rank": R, "move": "open"|"newest"|"upto"|"close", "version": V}:
+// an engine-paced inference rank lets versions in (VersionTracker::Gate).
+StatusOr<nlohmann::json> HandleGate(Controller& c, const std::string& path, const std::string& body);
 
 }  // namespace wsync::controller

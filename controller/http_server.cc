@@ -215,6 +215,10 @@ void HttpServer::InstallRoutes() {
     Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0), req.get_param_value("until")));
   });
 
+  s.Post("/v1/gate", [c](const httplib::Request& req, httplib::Response& res) {
+    Send(res, HandleGate(*c, req.path, req.body));
+  });
+
   s.Get("/v1/status", [c](const httplib::Request& req, httplib::Response& res) {
     SendJson(res, 200, c->StatusJson(Param(req, "since").value_or(""), WaitParam(Param(req, "wait_ms"), 0)));
   });

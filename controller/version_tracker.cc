@@ -70,6 +70,7 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
                       {"failures", std::move(failures_json)}};
   if (!checksum_trainers.empty()) j["checksums_from"] = checksum_trainers;
   if (!committing.empty()) j["committing"] = committing;
+  j["admitted"] = admitted;
   if (landed) j["landed"] = true;
   if (!trainer_stats.empty()) {
     nlohmann::json stats = nlohmann::json::object();
@@ -117,7 +118,75 @@ StatusOr<VersionRecord*> VersionTracker::GetOrStart(uint64_t v, Clock::time_poin
   r.started_unix = UnixNow();
   ++started_total_;
   Prune();
+  AdmitReady();
   return &records_[v];
+}
+
+nlohmann::json GateState::ToJson() const {
+  nlohmann::json j = {{"rank", rank}, {"pacing", PacingName(pacing)}, {"open", upto == kGateOpen},
+                      {"admitted", admitted}, {"admitted_running", admitted_running}, {"newest", newest}};
+  if (upto != kGateOpen) j["upto"] = upto;
+  return j;
+}
+
+void VersionTracker::SetPacing(int32_t rank, Pacing pacing) {
+  if (pacing == Pacing::kPush) {
+    gates_.erase(rank);
+    AdmitReady();  // a rank that no longer paces holds nothing back
+    return;
+  }
+  gates_[rank] = {pacing, pacing == Pacing::kShadow ? kGateOpen : 0};
+}
+
+GateState VersionTracker::GateOf(int32_t rank) const {
+  GateState g;
+  g.rank = rank;
+  auto it = gates_.find(rank);
+  if (it != gates_.end()) std::tie(g.pacing, g.upto) = it->second;
+  g.admitted = admitted_;
+  for (const auto& [v, r] : records_) {
+    if (r.finished()) continue;
+    g.newest = std::max(g.newest, v);
+    if (v == admitted_ && r.admitted) g.admitted_running = true;
+  }
+  return g;
+}
+
+StatusOr<GateState> VersionTracker::Gate(int32_t rank, GateMove move, uint64_t version) {
+  auto it = gates_.find(rank);
+  if (it == gates_.end())
+    return FailedPrecondition("inference rank " + std::to_string(rank) +
+                              " is not engine-paced (it registered with pacing 'push'): trainers write into it "
+                              "whenever they push, and it has no gate to move");
+  uint64_t& upto = it->second.second;
+  switch (move) {
+    case GateMove::kOpen: upto = kGateOpen; break;
+    case GateMove::kUpto: upto = version; break;
+    case GateMove::kNewest: upto = GateOf(rank).newest; break;
+    // Nothing newer than what is admitted already (which cannot be undone).
+    case GateMove::kClose: upto = admitted_; break;
+  }
+  AdmitReady();
+  return GateOf(rank);
+}
+
+std::vector<uint64_t> VersionTracker::AdmitReady() {
+  std::vector<uint64_t> now_admitted;
+  for (auto& [v, r] : records_) {  // oldest first
+    if (r.finished() || r.admitted) continue;
+    if (!ClosedGates(v).empty()) break;  // a newer one waits behind it
+    r.admitted = true;
+    admitted_ = std::max(admitted_, v);
+    now_admitted.push_back(v);
+  }
+  return now_admitted;
+}
+
+std::vector<int32_t> VersionTracker::ClosedGates(uint64_t v) const {
+  std::vector<int32_t> closed;
+  for (const auto& [rank, gate] : gates_)
+    if (gate.second < v) closed.push_back(rank);
+  return closed;
 }
 
 StatusOr<const VersionRecord*> VersionTracker::Start(uint64_t v, Clock::time_point now) {
@@ -209,6 +278,16 @@ std::vector<const VersionRecord*> VersionTracker::ExpireOverdue(Clock::time_poin
       if (!r.trainer_done.count(i)) trainers_waiting.push_back(i);
     char limit[32];
     std::snprintf(limit, sizeof(limit), "%g", std::chrono::duration<double>(timeout_).count());
+    if (!r.admitted) {
+      // Nothing was written: the trainers waited for engines to let it in.
+      r.failures.push_back({"controller", -1,
+                            "deadline of " + std::string(limit) + " s passed before any write: engine-paced inference "
+                            "ranks " + Ranks(ClosedGates(v)) + " did not call update() for it (their weights are "
+                            "untouched)"});
+      Finish(&r, VersionState::kFailed, now);
+      expired.push_back(&r);
+      continue;
+    }
     r.failures.push_back(
         {"controller", -1,
          "deadline of " + std::string(limit) + " s passed; inference ranks not done " +
@@ -234,6 +313,7 @@ void VersionTracker::Finish(VersionRecord* r, VersionState state, Clock::time_po
   } else {
     ++failed_total_;
   }
+  AdmitReady();  // one that waited behind r may go now
 }
 
 void VersionTracker::Prune() {
@@ -261,6 +341,8 @@ void VersionTracker::RestoreLanded(uint64_t v, const std::vector<int32_t>& commi
   for (int32_t i : committing)
     if (i >= 0 && i < inference_) r.committing.insert(i);
   r.landed = true;
+  r.admitted = true;  // every write of it landed
+  admitted_ = std::max(admitted_, v);
   ++started_total_;
 }
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "routing/metadata.h"
 
 namespace wsync::controller {
 
@@ -57,10 +58,34 @@ struct VersionRecord {
   // lost or registers again fails it.
   std::set<int32_t> committing;
   bool landed = false;
+  // Engine-paced ranks (routing's Pacing): trainers write v only once it is
+  // admitted, i.e. every paced rank's gate lets v in (VersionTracker::Gate).
+  // Without paced ranks a version is admitted when it starts.
+  bool admitted = false;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
 };
+
+// What an engine-paced rank's gate answers (VersionTracker::Gate).
+struct GateState {
+  int32_t rank = -1;
+  Pacing pacing = Pacing::kPush;
+  uint64_t upto = 0;      // versions up to this may be admitted (kGateOpen: any)
+  uint64_t admitted = 0;  // the highest version ever admitted (0: none)
+  bool admitted_running = false;  // ... and it has not finished yet
+  uint64_t newest = 0;    // the newest version started and not finished (0: none)
+  nlohmann::json ToJson() const;
+};
+
+// How an engine moves its gate (POST /v1/gate).
+enum class GateMove {
+  kOpen,    // admit any version (a shadow rank between two update() calls)
+  kNewest,  // admit up to the newest running version (update() with no version)
+  kUpto,    // admit up to a given version (update(v))
+  kClose,   // admit nothing more (a shadow rank copying its shadow out)
+};
+inline constexpr uint64_t kGateOpen = ~0ull;
 
 class VersionTracker {
  public:
@@ -85,6 +110,20 @@ class VersionTracker {
   StatusOr<const VersionRecord*> Committed(uint64_t v, int32_t rank, Clock::time_point now);
   StatusOr<const VersionRecord*> Fail(uint64_t v, const std::string& role, int32_t rank,
                                       const std::string& error, Clock::time_point now);
+
+  // Engine-paced ranks. A rank's gate starts closed (live) or open
+  // (shadow); setting the pacing again (a new registration) resets it. A
+  // version is admitted, for good, once every paced rank's gate is at or
+  // above it, oldest first; admission never goes back, so a gate cannot
+  // close under writes already let in (the answer says which version they
+  // are). Returns what moved: the versions admitted by this call.
+  void SetPacing(int32_t rank, Pacing pacing);
+  StatusOr<GateState> Gate(int32_t rank, GateMove move, uint64_t version);
+  std::vector<uint64_t> AdmitReady();
+  Pacing PacingOf(int32_t rank) const {
+    auto it = gates_.find(rank);
+    return it == gates_.end() ? Pacing::kPush : it->second.first;
+  }
 
   // Fails every running version whose deadline passed; returns them.
   std::vector<const VersionRecord*> ExpireOverdue(Clock::time_point now);
@@ -115,8 +154,14 @@ class VersionTracker {
   void MaybeComplete(VersionRecord* r, Clock::time_point now);
   void Prune();
 
+  GateState GateOf(int32_t rank) const;
+  // The paced ranks whose gates keep v out (for the deadline's message).
+  std::vector<int32_t> ClosedGates(uint64_t v) const;
+
   int32_t trainers_;
   int32_t inference_;
+  std::map<int32_t, std::pair<Pacing, uint64_t>> gates_;  // paced rank -> (pacing, upto)
+  uint64_t admitted_ = 0;
   Clock::duration timeout_;
   std::map<uint64_t, VersionRecord> records_;
   bool has_complete_ = false;

@@ -65,9 +65,14 @@ Status ParseRank(const json& j, const std::string& source, size_t index, Inferen
   r.Str("host", &rank->host);
   r.Int32("gpu", &rank->gpu, false);
   r.Int32("nic", &rank->nic, false);
+  std::string pacing = PacingName(Pacing::kPush);
+  r.Str("pacing", &pacing, false);
   const json* regions = r.Array("regions");
   const json* tensors = r.Array("tensors");
   WSYNC_RETURN_IF_ERROR(r.Finish());
+  std::optional<Pacing> paced = ParsePacing(pacing);
+  if (!paced) return InvalidArgument(where + ": 'pacing' is '" + pacing + "'; expected push, live or shadow");
+  rank->pacing = *paced;
   for (size_t i = 0; i < regions->size(); ++i) {
     JsonObjectReader rr((*regions)[i], where + ": regions[" + std::to_string(i) + "]");
     MemoryRegion m;
@@ -166,9 +171,11 @@ json ToJson(const InferenceSpec& spec) {
                                    t.scale->where);
       tensors.push_back(std::move(jt));
     }
-    ranks.push_back({{"rank", rank.rank}, {"instance", rank.instance}, {"host", rank.host},
-                     {"gpu", rank.gpu}, {"nic", rank.nic}, {"regions", std::move(regions)},
-                     {"tensors", std::move(tensors)}});
+    json jr = {{"rank", rank.rank}, {"instance", rank.instance}, {"host", rank.host},
+               {"gpu", rank.gpu}, {"nic", rank.nic}, {"regions", std::move(regions)},
+               {"tensors", std::move(tensors)}};
+    if (rank.pacing != Pacing::kPush) jr["pacing"] = PacingName(rank.pacing);
+    ranks.push_back(std::move(jr));
   }
   return {{"schema", kInferenceSchema}, {"ranks", std::move(ranks)}};
 }
@@ -193,6 +200,10 @@ std::string ToJsonText(const InferenceSpec& spec) {
     AppendJsonInt(&out, rank.instance);
     out += ",\"nic\":";
     AppendJsonInt(&out, rank.nic);
+    if (rank.pacing != Pacing::kPush) {
+      out += ",\"pacing\":";
+      AppendJsonString(&out, PacingName(rank.pacing));
+    }
     out += ",\"rank\":";
     AppendJsonInt(&out, rank.rank);
     out += ",\"regions\":[";

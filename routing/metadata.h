@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "routing/dtype.h"
@@ -125,12 +126,28 @@ struct MemoryRegion {
   std::string descriptor;
 };
 
+// Who decides when an inference rank's weights change (docs/PYTHON.md,
+// "Engine-paced updates"): the trainers (kPush, today's default: writes land
+// whenever a version is pushed), or the engine: trainers write into the
+// engine's weights only while it is inside update() (kLive), or into its
+// shadow whenever they push, except while update() copies one out (kShadow).
+enum class Pacing { kPush, kLive, kShadow };
+inline const char* PacingName(Pacing p) {
+  return p == Pacing::kLive ? "live" : p == Pacing::kShadow ? "shadow" : "push";
+}
+inline std::optional<Pacing> ParsePacing(std::string_view text) {
+  for (Pacing p : {Pacing::kPush, Pacing::kLive, Pacing::kShadow})
+    if (text == PacingName(p)) return p;
+  return std::nullopt;
+}
+
 struct InferenceRank {
   int32_t rank = -1;       // global inference rank
   int32_t instance = 0;    // engine replica this rank belongs to
   std::string host;
   int32_t gpu = 0;
   int32_t nic = 0;
+  Pacing pacing = Pacing::kPush;  // "pacing" in JSON; absent: push
   std::vector<MemoryRegion> regions;
   std::vector<InferenceTensor> tensors;
 };
