@@ -628,6 +628,10 @@ std::string VersionReport::Summary() const {
                 reads_done_after, static_cast<double>(peak_temp_bytes) / (1 << 20),
                 static_cast<double>(watermark_bytes) / (1 << 20));
   std::string line = buf;
+  if (seconds.engine_wait > 0) {
+    std::snprintf(buf, sizeof buf, "; waited %.3f s for engine-paced ranks first", seconds.engine_wait);
+    line += buf;
+  }
   if (staged_bytes > 0) {
     std::snprintf(buf, sizeof buf, "; %.1f MiB staged through pinned host memory", static_cast<double>(staged_bytes) / (1 << 20));
     line += buf;

@@ -101,6 +101,9 @@ struct StageSeconds {
   double barrier = 0;         // MeshGroup barriers and version checks
   double rendezvous = 0;      // building Gloo groups (first version, after a failure)
   double checksum = 0;        // hashing the written bytes (ExecutorOptions::checksums)
+  // Before the executor ran: waiting for engine-paced inference ranks to let
+  // the version in (trainer_agent::RunAndReport); not part of `total`.
+  double engine_wait = 0;
   double total = 0;
 };
 

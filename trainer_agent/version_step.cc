@@ -98,6 +98,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
             {"barrier", s.barrier},
             {"rendezvous", s.rendezvous},
             {"checksum", s.checksum},
+            {"engine_wait", s.engine_wait},
             {"total", s.total}}},
           {"reads_done_after", r.reads_done_after},
           {"copied_bytes", r.copied_bytes},
@@ -120,10 +121,44 @@ nlohmann::json ChecksumsJson(const std::vector<WriteChecksum>& checksums) {
   return by_rank;
 }
 
+StatusOr<double> WaitAdmitted(controller::ControllerClient& client, int32_t rank, uint64_t v,
+                              const std::function<void(const std::string&)>& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string me = "trainer rank " + std::to_string(rank) + ": version " + std::to_string(v);
+  bool told = false;
+  while (true) {
+    // The controller ends a version by its deadline, so this ends too;
+    // short polls keep a restarting controller from stalling it for long.
+    StatusOr<controller::VersionStatus> s =
+        client.WaitVersionAdmitted(v, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.ok() && s->admitted) {
+      if (told) Log(log, me + ": engine-paced inference ranks let it in after " + std::to_string(waited) + " s");
+      return waited;
+    }
+    if (s.ok() && s->failed()) {
+      const controller::VersionFailure* f = s->failures.empty() ? nullptr : &s->failures.front();
+      return Aborted(me + ": failed before it was written" +
+                     (f ? ": " + (f->rank >= 0 ? f->role + " rank " + std::to_string(f->rank) : f->role) + ": " + f->error
+                        : std::string()));
+    }
+    if (s.ok() && s->complete()) return waited;  // a late rank: its peers wrote it
+    if (!s.ok() && s.status().code() != StatusCode::kDeadlineExceeded && s.status().code() != StatusCode::kUnavailable)
+      return s.status().WithContext(me + ": waiting for engine-paced inference ranks");
+    if (!told) Log(log, me + ": waiting for engine-paced inference ranks to call update()");
+    told = true;
+  }
+}
+
 StatusOr<VersionReport> RunAndReport(PlanExecutor& executor, controller::ControllerClient& client, int32_t rank,
                                      uint64_t v, ShardSource& shards,
                                      const std::function<void(const std::string&)>& log) {
-  StatusOr<VersionReport> result = executor.Run(v, shards);
+  // Engine-paced inference ranks: nothing is written before they let v in.
+  // The shards wait where they are (the trainer's own tensors in process,
+  // the export region for the sidecar), so reads are not done before then.
+  StatusOr<double> waited = WaitAdmitted(client, rank, v, log);
+  StatusOr<VersionReport> result = waited.ok() ? executor.Run(v, shards) : StatusOr<VersionReport>(waited.status());
+  if (result.ok()) result->seconds.engine_wait = *waited;
   if (result.ok()) {
     Log(log, result->Summary());
   } else {
