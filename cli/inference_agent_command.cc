@@ -61,6 +61,10 @@ void AddInferenceAgentCommand(CLI::App& app) {
                 "shadow mode: writes land in a private copy of the weights (as much memory again), copied into "
                 "the store only once a version is complete on every rank, so a failed version leaves the last "
                 "complete one intact");
+  cmd->add_flag("--paced", flags->paced,
+                "engine-paced: the weights change only when the engine asks (StoreVersions.update() in Python, "
+                "the store's update words); without --shadow trainers write only while it asks, with --shadow "
+                "they write into the shadow whenever they push and the ask copies the newest complete version in");
   cmd->callback([flags] {
     const int rc = inference::RunInferenceAgentCommand(*flags);
     if (rc != 0) throw CLI::RuntimeError(rc);

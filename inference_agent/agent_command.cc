@@ -16,6 +16,7 @@
 #include "inference_agent/agent.h"
 #include "inference_agent/agent_runner.h"
 #include "inference_agent/cuda_ipc.h"
+#include "inference_agent/pacer.h"
 #include "models/generate.h"
 #include "common/process_control.h"
 #include "routing/json_reader.h"
@@ -83,6 +84,9 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
       flags.attach ? WeightStore::Attach(shm_name, *rank) : WeightStore::Create(shm_name, *rank);
   if (!store.ok()) return fail(store.status());
   if (flags.keep_shm) store->KeepName();
+  // The engine's update() requests (--paced); the mapping outlives the store's moves.
+  std::optional<WeightStore::UpdateChannel> channel;
+  if (flags.paced) channel = store->update_channel();
   LogLine(std::string(flags.attach ? "attached to" : "created") + " weight store '" + shm_name + "' (complete_version " +
           (store->complete_version() == kNoVersion ? std::string("none") : std::to_string(store->complete_version())) +
           ")");
@@ -137,9 +141,17 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
               "' changes only when a version is complete everywhere");
     }
   }
+  if (flags.paced) {
+    rank->pacing = flags.shadow || staged ? Pacing::kShadow : Pacing::kLive;
+    LogLine(std::string("engine-paced (") + PacingName(rank->pacing) +
+            "): the weights change only when the engine asks (StoreVersions.update)" +
+            (rank->pacing == Pacing::kLive ? "; trainers' pushes wait for it" : "; pushes land in the shadow meanwhile"));
+  }
   StatusOr<std::unique_ptr<InferenceAgent>> agent =
       InferenceAgent::Create(std::move(engine), std::move(memory), std::move(rank).value(), agent_options);
   if (!agent.ok()) return fail(agent.status());
+  std::optional<Pacer> pacer;
+  if (flags.paced) pacer.emplace(**agent, *client, (*agent)->rank().pacing);
 
   AgentRunnerOptions run;
   run.version_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.version_timeout_s * 1000));
@@ -148,7 +160,42 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   run.verify_checksums = flags.verify_checksums;
   run.log = LogLine;
   run.on_registered = [] { std::cout << "ready" << std::endl; };
+  run.pacer = pacer ? &*pacer : nullptr;
+  // The engine's asks, answered one at a time on a thread of their own
+  // (an update() may wait for trainers; the runner must go on meanwhile).
+  std::atomic<bool> ended{false};
+  std::thread asks;
+  if (pacer) {
+    asks = std::thread([&] {
+      while (!ended.load(std::memory_order_acquire) && !signals.stop.load(std::memory_order_acquire)) {
+        std::optional<WeightStore::UpdateChannel::Request> ask = channel->Pending();
+        if (!ask) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          continue;
+        }
+        const auto deadline = ask->timeout_ms == 0 ? std::chrono::steady_clock::time_point::max()
+                                                   : std::chrono::steady_clock::now() +
+                                                         std::chrono::milliseconds(std::min<uint64_t>(
+                                                             ask->timeout_ms, uint64_t{1} << 40));
+        StatusOr<UpdateReport> r = pacer->Update(
+            ask->version == 0 ? std::nullopt : std::optional<uint64_t>(ask->version), deadline);
+        if (r.ok()) {
+          LogLine("update(): version " + std::to_string(r->version) + " (was " + std::to_string(r->previous) +
+                  ") in " + std::to_string(r->seconds) + " s");
+          channel->Answer(ask->seq, r->version, kUpdateOk, "");
+        } else {
+          LogLine("update(): " + r.status().message());
+          const uint64_t now = (*agent)->memory().complete_version();
+          channel->Answer(ask->seq, now == kNoVersion ? 0 : now,
+                          r.status().code() == StatusCode::kDeadlineExceeded ? kUpdateTimedOut : kUpdateFailed,
+                          r.status().message());
+        }
+      }
+    });
+  }
   Status s = RunInferenceAgent(**agent, *client, run, signals.stop);
+  ended.store(true, std::memory_order_release);
+  if (asks.joinable()) asks.join();
   if (!s.ok()) return fail(s);
   LogLine("stopped");
   return 0;

@@ -101,14 +101,20 @@ class Runner {
         continue;
       }
       if (complete != kNoVersion && v->version <= complete) continue;  // landed here before a restart
+      if (live_paced() && !v->admitted) {
+        if (!v->failed()) continue;  // armed once the engine lets it in
+        Log("version " + std::to_string(v->version) + " failed before the engine let it in (" + FailureSummary(*v) +
+            "); its weights are untouched");
+        Ignore(v->version);
+        continue;
+      }
       if (v->finished()) {
         // Failed before this rank heard of it: nothing to wait for, but some
         // of its writes may have landed, so the engine must hear of it.
         if (v->failed()) agent_.MarkFailedHere(v->version);
         Log("version " + std::to_string(v->version) + " is already " + v->state + " at the controller (" +
             FailureSummary(*v) + "); not expecting it");
-        ignored_.insert(v->version);
-        if (ignored_.size() > 1024) ignored_.erase(ignored_.begin());
+        Ignore(v->version);
         continue;
       }
       milliseconds budget = options_.version_timeout;
@@ -119,6 +125,14 @@ class Runner {
       Status s = agent_.BeginVersion(v->version, Clock::now() + budget);
       if (!s.ok()) Log("version " + std::to_string(v->version) + ": " + s.ToString());
     }
+  }
+
+  bool live_paced() const { return options_.pacer != nullptr && options_.pacer->pacing() == Pacing::kLive; }
+  bool shadow_paced() const { return options_.pacer != nullptr && options_.pacer->pacing() == Pacing::kShadow; }
+
+  void Ignore(uint64_t v) {
+    ignored_.insert(v);
+    if (ignored_.size() > 1024) ignored_.erase(ignored_.begin());
   }
 
   // A held version's checksums (with verify_checksums): OK, or why not.
@@ -139,14 +153,27 @@ class Runner {
 
   // The client itself retries a refused connection (controller restarting).
   void Report(const VersionOutcome& out) {
-    if (!out.held) return Send(out.version, out.status, false);
+    if (!out.held) {
+      Send(out.version, out.status, false);
+      return;
+    }
     Status s = Check(out);
     if (s.ok() && !agent_.shadowed()) s = agent_.Commit(out.version);
     if (!s.ok()) {
       agent_.Reject(out.version, s);
-      return Send(out.version, s, false);
+      Send(out.version, s, false);
+      return;
     }
-    if (!agent_.shadowed()) return Send(out.version, s, false);
+    if (!agent_.shadowed()) {
+      Send(out.version, s, false);
+      return;
+    }
+    if (shadow_paced()) {
+      // Complete at the controller once in every shadow; the engine's
+      // update() copies it out when it is ready for it.
+      if (Send(out.version, Status::Ok(), false)) options_.pacer->OnLanded(out.version);
+      return;
+    }
     Send(out.version, Status::Ok(), /*commit=*/true);
     CommitOnceLanded(out);
   }
@@ -191,14 +218,16 @@ class Runner {
                          reply.status().message());
   }
 
-  void Send(uint64_t v, const Status& result, bool commit) {
+  // True when the controller took the report.
+  bool Send(uint64_t v, const Status& result, bool commit) {
     StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(v, agent_.rank().rank, result, commit);
     if (!reply.ok()) {
       Log("reporting version " + std::to_string(v) + " failed: " + reply.status().message());
-      return;
+      return false;
     }
     Log("reported version " + std::to_string(v) + " " + (result.ok() ? "done" : "failed") + "; controller says " +
         reply->state);
+    return true;
   }
 
   static std::string FailureSummary(const controller::VersionStatus& v) {
@@ -225,7 +254,9 @@ class Runner {
 
 Status RunInferenceAgent(InferenceAgent& agent, controller::ControllerClient& client,
                          const AgentRunnerOptions& options, const std::atomic<bool>& stop) {
-  return Runner(agent, client, options, stop).Run();
+  Status s = Runner(agent, client, options, stop).Run();
+  if (options.pacer != nullptr) options.pacer->Stop();  // an engine inside update() hears of it
+  return s;
 }
 
 }  // namespace wsync::inference

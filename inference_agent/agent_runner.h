@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "controller/client.h"
 #include "inference_agent/agent.h"
+#include "inference_agent/pacer.h"
 
 namespace wsync::inference {
 
@@ -40,6 +41,12 @@ struct AgentRunnerOptions {
   std::function<void(const std::string&)> log;
   // Called once registration succeeded (the CLI prints "ready").
   std::function<void()> on_registered;
+  // Engine-paced (the rank registered with pacing live or shadow): live, a
+  // version is armed only once the controller let it in, and one that
+  // failed before that touched nothing here; shadow, a landed version is
+  // reported done and handed to the pacer, which the engine's update()
+  // copies out (instead of copying it out once it landed everywhere).
+  Pacer* pacer = nullptr;
 };
 
 // Returns OK when `stop` became true, or the first error that ends the

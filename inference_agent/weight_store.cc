@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -191,6 +192,24 @@ void WeightStore::MarkFailed(uint64_t v) {
   uint64_t committing = v;
   Word(h->committing_version).compare_exchange_strong(committing, kNoVersion, std::memory_order_release,
                                                       std::memory_order_relaxed);
+}
+
+std::optional<WeightStore::UpdateChannel::Request> WeightStore::UpdateChannel::Pending() const {
+  Request r;
+  r.seq = Word(h_->update_request).load(std::memory_order_acquire);
+  if (r.seq == 0 || r.seq == Word(h_->update_done).load(std::memory_order_relaxed)) return std::nullopt;
+  r.version = Word(h_->update_version).load(std::memory_order_relaxed);
+  r.timeout_ms = Word(h_->update_timeout_ms).load(std::memory_order_relaxed);
+  return r;
+}
+
+void WeightStore::UpdateChannel::Answer(uint64_t seq, uint64_t version, uint64_t code, const std::string& message) {
+  Word(h_->update_result).store(version, std::memory_order_relaxed);
+  Word(h_->update_code).store(code, std::memory_order_relaxed);
+  const size_t n = std::min(message.size(), sizeof(h_->update_message) - 1);
+  std::memcpy(h_->update_message, message.data(), n);
+  h_->update_message[n] = '\0';
+  Word(h_->update_done).store(seq, std::memory_order_release);
 }
 
 }  // namespace wsync::inference

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,28 @@ class WeightStore {
   void MarkCommitting(uint64_t v);
 
   void KeepName() { shm_.KeepName(); }
+
+  // Engine-paced (--paced): the engine's update() requests through the
+  // header's update words (weight_store_format.h). Valid while the mapping
+  // lives (the store may move meanwhile: the mapping does not).
+  class UpdateChannel {
+   public:
+    struct Request {
+      uint64_t seq = 0;
+      uint64_t version = 0;     // 0: the newest
+      uint64_t timeout_ms = 0;
+    };
+    // A request newer than the last one answered, if any (acquire).
+    std::optional<Request> Pending() const;
+    // Answers request `seq` (release, after the result and message).
+    void Answer(uint64_t seq, uint64_t version, uint64_t code, const std::string& message);
+
+   private:
+    friend class WeightStore;
+    explicit UpdateChannel(WeightStoreHeader* h) : h_(h) {}
+    WeightStoreHeader* h_;
+  };
+  UpdateChannel update_channel() const { return UpdateChannel(header()); }
 
  private:
   WeightStoreHeader* header() const { return reinterpret_cast<WeightStoreHeader*>(shm_.data()); }

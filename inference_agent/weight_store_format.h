@@ -69,8 +69,31 @@ struct WeightStoreHeader {
   // version keeps waiting (it becomes complete, or failed with this word
   // cleared). An agent killed mid-copy leaves both words as they are.
   uint64_t committing_version;
+  // Engine-paced (`wsync inference-agent --paced`): the engine's update()
+  // call, through shared memory (StoreVersions.update in
+  // python/wsync/_inference.py). The engine writes the version it asks for
+  // (0: the newest) and how long it waits, then raises `update_request` to
+  // a new sequence number; the agent answers with the version the weights
+  // hold, a code (kUpdate*) and, on failure, one line, then raises
+  // `update_done` to that number (release). Zero-filled when the store is
+  // made: nothing asked, nothing answered.
+  alignas(64) uint64_t update_request;
+  uint64_t update_version;
+  uint64_t update_timeout_ms;
+  alignas(64) uint64_t update_done;
+  uint64_t update_result;
+  uint64_t update_code;
+  char update_message[512];  // NUL-terminated
 };
+inline constexpr uint64_t kUpdateOk = 0, kUpdateFailed = 1, kUpdateTimedOut = 2;
 static_assert(sizeof(WeightStoreHeader) <= kWeightStoreHeaderBytes);
+static_assert(offsetof(WeightStoreHeader, update_request) == 192);
+static_assert(offsetof(WeightStoreHeader, update_version) == 200);
+static_assert(offsetof(WeightStoreHeader, update_timeout_ms) == 208);
+static_assert(offsetof(WeightStoreHeader, update_done) == 256);
+static_assert(offsetof(WeightStoreHeader, update_result) == 264);
+static_assert(offsetof(WeightStoreHeader, update_code) == 272);
+static_assert(offsetof(WeightStoreHeader, update_message) == 280);
 // Readers in other languages find the words here (python/wsync/_inference.py).
 static_assert(offsetof(WeightStoreHeader, complete_version) == 128);
 static_assert(offsetof(WeightStoreHeader, failed_version) == 144);

@@ -213,6 +213,15 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
         "); the slower path: as much pinned host memory as the tensors, and one more copy of every byte");
   }
 
+  if (s->config_.paced) {
+    // With a shadow (or host staging, which is one) writes land apart from
+    // the tensors whenever trainers push; without, only inside update().
+    s->pacing_ = s->config_.shadow || s->staged_ ? Pacing::kShadow : Pacing::kLive;
+    layout.pacing = s->pacing_;
+    log(me + ": engine-paced (" + PacingName(s->pacing_) + "): the tensors change only inside update()" +
+        (s->pacing_ == Pacing::kLive ? "; trainers' pushes wait for it" : "; pushes land in the shadow meanwhile"));
+  }
+
   inference::InferenceAgentOptions agent_options;
   agent_options.log = log;
   agent_options.hold = s->config_.verify_checksums;
@@ -226,7 +235,11 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   WSYNC_ASSIGN_OR_RETURN(s->agent_, inference::InferenceAgent::Create(std::move(engine), std::move(weights),
                                                                       std::move(layout), agent_options));
 
+  if (s->pacing_ != Pacing::kPush)
+    s->pacer_ = std::make_unique<inference::Pacer>(*s->agent_, s->client_, s->pacing_);
+
   inference::AgentRunnerOptions run;
+  run.pacer = s->pacer_.get();
   run.version_timeout = s->config_.timeout;
   run.verify_checksums = s->config_.verify_checksums;
   run.log = agent_options.log;
@@ -298,9 +311,26 @@ Status InferenceSession::Verify(uint64_t v, std::chrono::milliseconds timeout) {
   return agent_->Verify(v, *want, /*landed=*/false);  // the engine's tensors
 }
 
+StatusOr<inference::UpdateReport> InferenceSession::Update(std::optional<uint64_t> version,
+                                                          std::chrono::milliseconds timeout) {
+  const std::string me = "inference rank " + std::to_string(agent_->rank().rank);
+  if (pacer_ == nullptr)
+    return FailedPrecondition(me + ": update() needs an engine-paced agent (InferenceAgent(paced=True)); this one's "
+                              "tensors change whenever trainers push: use wait_version()");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return loop_status_.ok() ? Aborted(me + ": update(): the agent was closed")
+                                         : loop_status_.WithContext(me + ": update(): the agent stopped");
+  }
+  const Clock::time_point deadline =
+      timeout.count() >= 1000LL * 1000 * 1000 * 1000 ? Clock::time_point::max() : Clock::now() + timeout;
+  return pacer_->Update(version, deadline);
+}
+
 void InferenceSession::Close() {
   stop_.store(true, std::memory_order_release);
   if (loop_.joinable()) loop_.join();
+  pacer_.reset();
   agent_.reset();  // deregisters, then stops the engine
 }
 

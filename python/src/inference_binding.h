@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "controller/client.h"
 #include "inference_agent/agent.h"
+#include "inference_agent/pacer.h"
 #include "inference_agent/weight_memory.h"
 
 namespace wsync::python {
@@ -40,6 +41,9 @@ struct InferenceConfig {
   // Hold each landed version until checked against the trainers' checksums
   // (AgentRunnerOptions::verify_checksums).
   bool verify_checksums = false;
+  // Engine-paced (InferenceAgent(paced=True)): the tensors change only inside
+  // Update(); live without a shadow, shadow with one (or with host staging).
+  bool paced = false;
   // Shadow mode: the writes land in a copy of every tensor (allocated here,
   // beside each), copied in once the version landed on every rank.
   bool shadow = false;
@@ -101,6 +105,9 @@ class InferenceSession {
   // version v (default: the complete one), waiting up to `timeout` for the
   // trainers' reports. DataLoss naming the first differing tensor.
   Status Verify(uint64_t v, std::chrono::milliseconds timeout);
+  // Engine-paced: inference::Pacer::Update (FailedPrecondition unless paced).
+  StatusOr<inference::UpdateReport> Update(std::optional<uint64_t> version, std::chrono::milliseconds timeout);
+  std::string pacing() const { return PacingName(pacing_); }
   // Why the agent's loop ended, if it did (OK while it runs).
   Status loop_status();
   void Close();
@@ -114,6 +121,8 @@ class InferenceSession {
   bool staged_ = false;
   InProcessWeights* weights_ = nullptr;  // owned by agent_
   std::unique_ptr<inference::InferenceAgent> agent_;
+  Pacing pacing_ = Pacing::kPush;
+  std::unique_ptr<inference::Pacer> pacer_;  // engine-paced only; uses agent_ and client_
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -232,6 +232,7 @@ PYBIND11_MODULE(_C, m) {
              config.verify_checksums = c.value("verify_checksums", false);
              config.shadow = c.value("shadow", false);
              config.staging = c.value("staging", std::string("auto"));
+             config.paced = c.value("paced", false);
              auto to_regions = [](const auto& list) {
                std::vector<inference::WeightMemory::Region> rs;
                for (const auto& [id, ptr, size, cuda, device] : list) {
@@ -258,6 +259,24 @@ PYBIND11_MODULE(_C, m) {
              CheckWithoutGil([&] { return s.Verify(v, Ms(timeout_s)); });
            },
            py::arg("version"), py::arg("timeout_s"))
+      .def("update",
+           [](InferenceSession& s, uint64_t v, double timeout_s) {
+             std::optional<StatusOr<inference::UpdateReport>> r;
+             {
+               py::gil_scoped_release nogil;
+               r.emplace(s.Update(v == 0 ? std::nullopt : std::optional<uint64_t>(v), Ms(timeout_s)));
+             }
+             if (!r->ok() && r->status().code() == StatusCode::kDeadlineExceeded) {
+               PyErr_SetString(PyExc_TimeoutError, r->status().message().c_str());
+               throw py::error_already_set();
+             }
+             const inference::UpdateReport u = Take(std::move(*r));
+             return nlohmann::json{{"version", u.version}, {"previous", u.previous}, {"seconds", u.seconds},
+                                   {"wait_seconds", u.wait_seconds}, {"copy_seconds", u.copy_seconds}}
+                 .dump();
+           },
+           py::arg("version"), py::arg("timeout_s"))
+      .def_property_readonly("pacing", &InferenceSession::pacing)
       .def_property_readonly("complete_version", &InferenceSession::complete_version)
       .def_property_readonly("failed_version", &InferenceSession::failed_version)
       .def_property_readonly("staged", &InferenceSession::staged)

@@ -41,6 +41,14 @@ class InferenceAgent(SessionOwner):
     again, on the same device); the tensors change only once a version is
     complete on every rank, by a local copy, so a version that fails leaves
     them at the last complete one (docs/PYTHON.md).
+    paced=True (engine-paced, docs/PYTHON.md): the tensors change only
+    inside update(), which the engine calls between batches; outside it
+    they hold exactly one version. Without a shadow, trainers write into
+    the tensors only while a rank is inside update() (a push waits for
+    it); with shadow=True they write into the shadow whenever they push and
+    update() copies the newest complete version out. The default
+    (paced=False) lets trainers write whenever they push: an engine that
+    computes meanwhile may read a mix of two versions.
     staging (GPU tensors): "auto" registers them in place where the
     transport can (a libfabric with FI_HMEM) and otherwise lands the writes
     in pinned host memory, copied host-to-device once a version landed on
@@ -50,7 +58,7 @@ class InferenceAgent(SessionOwner):
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto"):
+                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto", paced=False):
         if staging not in _STAGING:
             raise ValueError(f"wsync.InferenceAgent rank {rank}: staging={staging!r}: expected one of "
                              f"{', '.join(map(repr, _STAGING))}")
@@ -60,9 +68,11 @@ class InferenceAgent(SessionOwner):
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
                   "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),
-                  "shadow": bool(shadow), "staging": str(staging)}
+                  "shadow": bool(shadow), "staging": str(staging), "paced": bool(paced)}
         # The shadow (shadow mode, host staging) is allocated by the session.
         self._session = _C.InferenceSession(json.dumps(config), regions)
+        self.paced = bool(paced)
+        self.last_update = None
 
     @property
     def staged(self):
@@ -85,6 +95,30 @@ class InferenceAgent(SessionOwner):
             self._session.verify(int(version or 0), float(timeout))
         except RuntimeError as e:
             raise ChecksumError(str(e)) from None
+
+    def update(self, version=None, timeout=None):
+        """Engine-paced (paced=True): brings the tensors to `version` (None:
+        the newest version trainers have pushed; with a shadow, the newest
+        that landed everywhere) and returns the version they now hold, which
+        stays so until the next update(). Returns at once with the current
+        version when nothing newer was pushed. Raises VersionError if the
+        version failed (the text says who failed it and what the tensors
+        hold) and TimeoutError when it did not come within `timeout` s (the
+        tensors unchanged). `last_update` then holds the call's figures:
+        seconds (the engine's pause), wait_seconds, copy_seconds."""
+        if not self.paced:
+            raise RuntimeError(f"wsync.InferenceAgent rank {self.rank}: update() needs paced=True; "
+                               f"without it the tensors change whenever trainers push (use wait_version())")
+        if version is not None and int(version) < 1:
+            raise ValueError(f"wsync.InferenceAgent rank {self.rank}: update(version={version}): versions start at 1")
+        try:
+            report = json.loads(self._session.update(int(version or 0), 1e12 if timeout is None else float(timeout)))
+        except TimeoutError:
+            raise
+        except RuntimeError as e:
+            raise VersionError(str(e)) from None
+        self.last_update = report
+        return report["version"]
 
     def wait_version(self, version, timeout=None):
         """Returns once `version` is complete here; raises VersionError if it
@@ -169,8 +203,14 @@ class StoreVersions:
 
     def __init__(self, shm_name):
         import mmap
-        with open("/dev/shm/" + shm_name.lstrip("/"), "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
+        path = "/dev/shm/" + shm_name.lstrip("/")
+        # Writable where allowed: update() asks through the store's header.
+        try:
+            with open(path, "r+b") as f:
+                self._map = mmap.mmap(f.fileno(), 4096)
+        except PermissionError:
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
         if self._word(0) != self._MAGIC:
             raise ValueError(f"wsync.StoreVersions: '{shm_name}' is not a complete wsync weight store")
 
@@ -182,6 +222,36 @@ class StoreVersions:
         """The latest version whose every write landed (0: none yet)."""
         v = self._word(128)
         return 0 if v == self._NONE else v
+
+    def update(self, version=None, timeout=None):
+        """Engine-paced (`wsync inference-agent --paced`): asks the agent to
+        bring the weights to `version` (None: the newest pushed; with
+        --shadow, the newest complete) and returns the version they hold
+        once it answered; they stay so until the next update(). As
+        InferenceAgent.update: VersionError when the version failed,
+        TimeoutError when none came within `timeout` s. Layout of the words:
+        inference_agent/weight_store_format.h."""
+        if version is not None and int(version) < 1:
+            raise ValueError(f"wsync.StoreVersions.update(version={version}): versions start at 1")
+        seq = max(self._word(192), self._word(256)) + 1
+        self._map[200:208] = int(version or 0).to_bytes(8, "little")
+        wait_ms = 0 if timeout is None else max(1, int(float(timeout) * 1000))
+        self._map[208:216] = wait_ms.to_bytes(8, "little")
+        self._map[192:200] = seq.to_bytes(8, "little")  # last: the agent reads the ask once this moves
+        # The agent answers by its own deadline; a dead agent is noticed here.
+        give_up = None if timeout is None else time.monotonic() + float(timeout) + 30.0
+        while self._word(256) != seq:
+            if give_up is not None and time.monotonic() > give_up:
+                raise TimeoutError(f"wsync.StoreVersions.update(): the agent did not answer within {timeout} s "
+                                   f"(is `wsync inference-agent --paced` running?)")
+            time.sleep(0.0005)
+        code, held = self._word(272), self._word(264)
+        if code == 0:
+            return held
+        message = bytes(self._map[280:792]).split(b"\0", 1)[0].decode(errors="replace")
+        if code == 2:
+            raise TimeoutError(message)
+        raise VersionError(message)
 
     @property
     def failed_version(self):

@@ -3,6 +3,8 @@
 // version word the agent moves.
 #include "inference_agent/weight_store.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +99,37 @@ TEST(WeightStoreTest, EngineSeesVersionWordsTheAgentStores) {
   store->MarkFailed(4);
   EXPECT_EQ(view->failed_version(), 4u);
   EXPECT_EQ(view->complete_version(), 3u);
+}
+
+// An engine-paced engine asks for an update through the header's words (as
+// StoreVersions.update writes them, at the offsets the format pins): the
+// agent sees one ask per sequence number and answers it with the version
+// and a message cut to the word's size.
+TEST(WeightStoreTest, AnEnginesUpdateAskIsSeenOnceAndAnswered) {
+  StatusOr<WeightStore> store = WeightStore::Create(TestName("ask"), SmallRank());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  WeightStore::UpdateChannel channel = store->update_channel();
+  EXPECT_FALSE(channel.Pending().has_value()) << "a new store holds no ask";
+  int fd = shm_open(store->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  auto* words = static_cast<uint64_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(words, MAP_FAILED);
+  words[200 / 8] = 7;     // version
+  words[208 / 8] = 1500;  // timeout ms
+  __atomic_store_n(&words[192 / 8], 1, __ATOMIC_RELEASE);
+  std::optional<WeightStore::UpdateChannel::Request> ask = channel.Pending();
+  ASSERT_TRUE(ask.has_value());
+  EXPECT_EQ(ask->seq, 1u);
+  EXPECT_EQ(ask->version, 7u);
+  EXPECT_EQ(ask->timeout_ms, 1500u);
+  channel.Answer(1, 6, kUpdateFailed, std::string(2000, 'x'));
+  EXPECT_FALSE(channel.Pending().has_value()) << "an answered ask is not seen again";
+  EXPECT_EQ(words[256 / 8], 1u);
+  EXPECT_EQ(words[264 / 8], 6u);
+  EXPECT_EQ(words[272 / 8], kUpdateFailed);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(words) + 280).size(), 511u) << "cut, NUL-terminated";
+  munmap(words, 4096);
 }
 
 // Shadow mode copies a version in: meanwhile the weights are a mix (the
