@@ -207,6 +207,13 @@ StatusOr<UpdateReport> Pacer::UpdateShadow(std::optional<uint64_t> version, Cloc
     }
   }
   report.wait_seconds = Since(t_wait);
+  if (version && candidate != *version && candidate > report.previous) {
+    // Ranks of one engine ask for one version; one they cannot all hold
+    // must not be taken by some of them.
+    return Aborted(me() + ": update(" + std::to_string(*version) + "): the shadow holds version " +
+                   std::to_string(candidate) + " now (a newer one replaced it); the weights stay at version " +
+                   std::to_string(complete()) + "; ask for " + std::to_string(candidate));
+  }
   if (candidate > report.previous) {
     // Landed here; complete only once it landed on every rank.
     StatusOr<controller::VersionStatus> end = WaitFinished(candidate);

@@ -33,6 +33,10 @@ def main():
     ap.add_argument("--provider", default="shm")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per version")
     ap.add_argument("--no-sync", action="store_true", help="decode once without wsync")
+    ap.add_argument("--paced", action="store_true",
+                    help="engine-paced (asynchronous RL): decode flat out and take the newest version with "
+                         "update() between decodes; the weights never change during one")
+    ap.add_argument("--shadow", action="store_true", help="with --paced: writes land in a shadow copy meanwhile")
     args = ap.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -44,7 +48,14 @@ def main():
     import wsync
 
     agent = wsync.InferenceAgent(dict(model.state_dict()), controller=args.controller,
-                                 job=args.job, rank=args.rank, provider=args.provider)
+                                 job=args.job, rank=args.rank, provider=args.provider,
+                                 paced=args.paced, shadow=args.shadow)
+    if args.paced:
+        try:
+            serve_paced(agent, model, args)
+        finally:
+            agent.close()
+        return
     try:
         for v in range(1, args.versions + 1):
             agent.wait_version(v, args.timeout)
@@ -60,6 +71,27 @@ def main():
                   + ("  (a newer version landed while decoding)" if moved else ""), flush=True)
     finally:
         agent.close()
+
+
+def serve_paced(agent, model, args):
+    """Asynchronous RL's engine: decode flat out; between decodes, update()
+    takes the newest version the trainers pushed (the weights hold exactly
+    that version until the next call). Prints each version it took, with
+    the engine's pause for it."""
+    import time
+    held, decodes, start = 0, 0, time.monotonic()
+    while held < args.versions and time.monotonic() - start < args.timeout:
+        greedy_tokens(model)  # a decode: the weights hold version `held` throughout
+        decodes += 1
+        v = agent.update(timeout=args.timeout)
+        if v != held:
+            u = agent.last_update
+            print(f"rank {args.rank} version {v} (after {decodes} decodes on version {held}): engine paused "
+                  f"{u['seconds']:.3f} s (waiting {u['wait_seconds']:.3f} s, copying {u['copy_seconds']:.3f} s)",
+                  flush=True)
+            held, decodes = v, 0
+            print(f"rank {args.rank} version {v} tokens {greedy_tokens(model)}", flush=True)
+    print(f"rank {args.rank} holds version {held} after {decodes} more decodes", flush=True)
 
 
 if __name__ == "__main__":

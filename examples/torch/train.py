@@ -83,6 +83,10 @@ def main():
     # bf16 params: AdamW moves a weight by about lr; near 1.0 (norms) one ulp
     # is 2**-7, so a smaller lr leaves the norms unchanged.
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--async", dest="asynchronous", action="store_true",
+                    help="asynchronous RL with an engine-paced infer.py (--paced): push after every step without "
+                         "waiting for any engine; print how long each push held training (the stall until its "
+                         "reads are done)")
     ap.add_argument("--no-sync", action="store_true", help="train without wsync (torch parts only)")
     args = ap.parse_args()
 
@@ -117,12 +121,15 @@ def main():
             loss = forward_backward(model, step, rank)
             t_fb = time.perf_counter() - t0
             if pending is not None:
+                t_stall = time.perf_counter()
                 pending.wait_reads_done(args.timeout)  # wsync no longer reads the shards
+                if args.asynchronous:
+                    log(f"version {step - 1}: training held {time.perf_counter() - t_stall:.3f} s by the push")
             t1 = time.perf_counter()
             optimizer.step()  # the weights are now version `step`
             optimizer.zero_grad(set_to_none=True)
             t_opt = time.perf_counter() - t1
-            if pending is not None:
+            if pending is not None and not args.asynchronous:
                 report = pending.wait(args.timeout)
                 log(f"version {step - 1} complete: {json.dumps(report)}")
                 time.sleep(args.interval)

@@ -48,6 +48,9 @@ def main():
                     help="every version checked against the trainers' checksums before it is complete, "
                          "and verify() asked again after each")
     ap.add_argument("--shadow", action="store_true", help="InferenceAgent(shadow=True)")
+    ap.add_argument("--paced", action="store_true",
+                    help="InferenceAgent(paced=True): take each version with update(v), so the next one waits for "
+                         "this engine to have saved it (no handshake with the trainer)")
     ap.add_argument("--exit-after", type=int, default=0,
                     help="leave abruptly (no goodbye to the controller) once this version is saved")
     ap.add_argument("--tamper", default="",
@@ -85,12 +88,16 @@ def main():
         tensors[args.reshape] = torch.zeros([t.shape[0] + 1] + list(t.shape[1:]), dtype=t.dtype)
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
                               instance=instance, layout=layout, timeout_s=args.timeout,
-                              verify_checksums=args.verify_checksums, shadow=args.shadow) as agent:
+                              verify_checksums=args.verify_checksums, shadow=args.shadow,
+                              paced=args.paced) as agent:
         print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)
         for v in range(1, args.versions + 1):
             t0 = time.perf_counter()
             try:
-                agent.wait_version(v, args.timeout)
+                if args.paced:
+                    assert agent.update(v, args.timeout) == v
+                else:
+                    agent.wait_version(v, args.timeout)
             except wsync.VersionError as e:
                 if not args.shadow:
                     raise

@@ -48,6 +48,37 @@ def wait_for_engines(out, engines, v, timeout):
             time.sleep(0.05)
 
 
+def back_to_back(sync, model, optimizer, args, rank, world):
+    """Asynchronous RL's trainer: step, push, step again as soon as the push
+    no longer reads the weights; the engines decide when they take a version
+    (engine-paced) and nothing else coordinates the two. A push that fails
+    (an engine that never calls update()) is recorded and training goes on."""
+    outcomes, handles = [], []
+    for v in range(1, args.steps + 1):
+        fsdp_setup.train_step(model, optimizer, v, rank)
+        t0 = time.perf_counter()
+        h = sync.push(v)
+        h.wait_reads_done(args.timeout + 60)
+        stall = time.perf_counter() - t0
+        state = fsdp_setup.full_state(model)
+        if rank == 0:
+            torch.save({"state": state}, os.path.join(args.out, f"trainer-v{v}.pt"))
+        handles.append((v, h, stall))
+    for v, h, stall in handles:
+        try:
+            report = h.wait(args.timeout + 60)
+            outcomes.append({"version": v, "ok": True, "stall_seconds": stall,
+                             "engine_wait": report.get("stages", {}).get("engine_wait")})
+        except wsync.PushError as e:
+            outcomes.append({"version": v, "ok": False, "stall_seconds": stall, "error": str(e)})
+        print(f"rank {rank}: version {v}: {outcomes[-1]}", flush=True)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, outcomes)
+    if rank == 0:
+        with open(os.path.join(args.out, "push-outcomes.json"), "w") as f:
+            json.dump(everyone, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--controller", required=True)
@@ -66,6 +97,11 @@ def main():
     ap.add_argument("--checksums", action="store_true", help="TrainerAgent(checksums=True)")
     ap.add_argument("--hold", metavar="FILE",
                     help="once planned, wait for FILE before the first push (a test acts on a planned job)")
+    ap.add_argument("--paced-engines", action="store_true",
+                    help="the engines take each version with update() (engine-paced): no waiting for their files")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="engine-paced engines: push after every step without waiting for any engine; save each "
+                         "version's state once its reads are done, and every push's outcome (push-outcomes.json)")
     ap.add_argument("--replay", action="store_true",
                     help="after every version but the last, replay_writes() (the next version restores the bytes)")
     args = ap.parse_args()
@@ -95,6 +131,13 @@ def main():
             if time.time() > deadline:
                 raise TimeoutError(f"{args.hold} never appeared")
             time.sleep(0.05)
+    if args.back_to_back:
+        try:
+            back_to_back(sync, model, optimizer, args, rank, world)
+        finally:
+            sync.close()
+        fsdp_setup.leave_job()
+        return
     try:
         for v in range(1, args.steps + 1):
             fsdp_setup.train_step(model, optimizer, v, rank)
@@ -128,7 +171,8 @@ def main():
                 torch.save({"state": state, "tokens": tokens, "reports": reports},
                            os.path.join(args.out, f"trainer-v{v}.pt"))
                 print(f"version {v}: {json.dumps(reports[0])}", flush=True)
-                wait_for_engines(args.out, args.engines, v, args.timeout)
+                if not args.paced_engines:
+                    wait_for_engines(args.out, args.engines, v, args.timeout)
             dist.barrier()
             if args.replay and args.route == "inprocess" and v < args.steps:
                 replay = sync.replay_writes()

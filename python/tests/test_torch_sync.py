@@ -173,7 +173,9 @@ def print_figures(job, label):
 @pytest.mark.parametrize("model", ["llama", "qwen3_moe"])
 def test_fsdp2_trainers_push_into_transformers_models_bit_for_bit(job, model):
     j = job()
-    run_clean(j, ["--model", model], ["--model", model, "--layout", "identity"])
+    # Engine-paced: each engine saves version v and only then lets v+1 in
+    # (update()), so nothing but wsync's API paces trainer and engines.
+    run_clean(j, ["--model", model, "--paced-engines"], ["--model", model, "--layout", "identity", "--paced"])
     for v in range(1, STEPS + 1):
         t = load(j, f"trainer-v{v}.pt")
         for r in range(ENGINES):
