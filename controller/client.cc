@@ -303,7 +303,8 @@ StatusOr<VersionStatus> ParseVersionStatus(const json& j) {
     v.failures.push_back({f.value("role", ""), f.value("rank", -1), f.value("error", "")});
   v.seconds = j.value("seconds", 0.0);
   v.landed = j.value("landed", false) == true;
-  v.admitted = j.value("admitted", false) == true;
+  // A controller from before engine pacing admits every version it starts.
+  v.admitted = j.value("admitted", true) == true;
   v.raw = j;
   return v;
 }

@@ -86,3 +86,56 @@ def test_a_failed_version_without_a_copy_fails_at_once(store):
     store.set(FAILED, 3)
     with pytest.raises(wsync.VersionError):
         versions.wait_version(3, timeout=5)
+
+
+# Engine-paced sidecars (`wsync inference-agent --paced`): the engine's ask
+# and the agent's answer, at the offsets weight_store_format.h pins. A thread
+# plays the agent: it reads the ask and answers in the agent's order (result,
+# code, message, then the done word).
+ASK, ASK_VERSION, ASK_TIMEOUT, DONE, RESULT, CODE, MESSAGE = 192, 200, 208, 256, 264, 272, 280
+
+
+def get(store, at):
+    with open(store.path, "rb") as f:
+        f.seek(at)
+        return int.from_bytes(f.read(8), "little")
+
+
+def answer_next_ask(store, result, code, message=b""):
+    def run():
+        deadline = time.monotonic() + 10
+        while get(store, ASK) == get(store, DONE):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        asks.append((get(store, ASK), get(store, ASK_VERSION), get(store, ASK_TIMEOUT)))
+        store.set(RESULT, result)
+        store.set(CODE, code)
+        with open(store.path, "r+b") as f:
+            f.seek(MESSAGE)
+            f.write(message + b"\0")
+        store.set(DONE, get(store, ASK))
+    asks = []
+    t = threading.Thread(target=run)
+    t.start()
+    return t, asks
+
+
+def test_update_asks_the_agent_and_says_what_it_answered(store):
+    versions = wsync.StoreVersions(os.path.basename(store.path))
+    t, asks = answer_next_ask(store, 4, 0)
+    assert versions.update(timeout=5) == 4
+    t.join()
+    assert asks == [(1, 0, 5000)], "one ask: sequence 1, the newest version, 5 s"
+
+    t, asks = answer_next_ask(store, 4, 1, b"inference rank 0: version 5 failed: trainer rank 1: killed")
+    with pytest.raises(wsync.VersionError, match="version 5 failed: trainer rank 1: killed"):
+        versions.update(5, timeout=5)
+    t.join()
+    assert asks == [(2, 5, 5000)]
+
+    t, asks = answer_next_ask(store, 4, 2, b"no version 6 by the deadline")
+    with pytest.raises(TimeoutError, match="no version 6 by the deadline"):
+        versions.update(6, timeout=1)
+    t.join()
+    with pytest.raises(ValueError):
+        versions.update(0)
