@@ -172,7 +172,14 @@ void AddControllerCommand(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--tls-key", opt->tls_key, "TLS: the private key of --tls-cert (PEM)")->check(CLI::ExistingFile);
   cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
-  cmd->callback([opt] { std::exit(RunController(*opt)); });
+  cmd->callback([cmd, opt] {
+    // Given but empty (an unset variable in a script, say): refuse, rather
+    // than serve unsigned with only a warning.
+    if (cmd->count("--secret-file") > 0 && opt->secret_file.empty())
+      throw CLI::ValidationError("--secret-file", "is empty; give the job secret's path (`wsync secret PATH` makes "
+                                                  "one), or leave the flag out to serve loopback only");
+    std::exit(RunController(*opt));
+  });
 }
 
 }  // namespace wsync::cli

@@ -753,6 +753,12 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
   // thread meanwhile.
   if (versions_.Find(v) == nullptr) {
     for (const auto& [u, rec] : versions_.records()) {
+      // Versions start in increasing order: an older number than one
+      // already running would land its writes under the newer one.
+      if (u > v && !rec.finished())
+        return FailedPrecondition("version " + std::to_string(v) + " is older than version " + std::to_string(u) +
+                                  ", which is running; trainer rank " + std::to_string(rank) +
+                                  " must start a higher version number");
       if (u >= v || rec.finished()) continue;
       return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
                          " has not finished" +

@@ -63,12 +63,17 @@ std::chrono::milliseconds WaitParam(const std::optional<std::string>& wait_ms, i
   return std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxWaitMs));
 }
 
+// Digits only: strtoull alone takes "-1" as 2^64-1 (a version no real one
+// could ever follow) and skips leading blanks and signs. Versions start at 1.
 StatusOr<uint64_t> ParseVersion(const std::string& s) {
+  const bool digits = !s.empty() && s.size() <= 20 &&
+                      std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   errno = 0;
   char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE)
-    return InvalidArgument("version '" + s + "' is not an unsigned 64-bit integer");
+  const unsigned long long v = digits ? std::strtoull(s.c_str(), &end, 10) : 0;
+  if (!digits || *end != '\0' || errno == ERANGE || v == 0)
+    return InvalidArgument("version '" + s.substr(0, 32) + (s.size() > 32 ? "...'" : "'") +
+                           " is not a version number (digits only, 1 to 2^64-1)");
   return static_cast<uint64_t>(v);
 }
 

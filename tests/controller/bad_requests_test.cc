@@ -87,6 +87,20 @@ TEST_F(HandlerTest, RankOutsideInt32IsRefusedNotWrapped) {
                 "/v1/plan needs ?role=trainer|inference&rank=R");
 }
 
+// "-1" was read as 2^64-1 and accepted: one signed inference_done for it
+// completed that version, and every real version after it was refused as
+// "not above the latest complete version", across restarts (#29).
+TEST_F(HandlerTest, AVersionNumberIsDigitsOnlyAndAboveZero) {
+  for (const char* bad : {"-1", "+1", " 1", "0", "1x", "", "18446744073709551616", "0x10"}) {
+    const std::string path = std::string("/v1/versions/") + bad + "/inference_done";
+    StatusOr<json> r = HandleVersionReport(*c_, bad, "inference_done", path, R"({"rank": 0})");
+    ASSERT_FALSE(r.ok()) << "'" << bad << "' was accepted";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("is not a version number"), std::string::npos) << r.status().message();
+    EXPECT_EQ(HandleGetVersion(*c_, bad, std::chrono::milliseconds(0)).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
 // Copying a json value recurses per level: a deeply nested registration
 // overflowed the worker thread's stack (ASan: stack-overflow).
 TEST_F(HandlerTest, DeeplyNestedBodyIsA400) {

@@ -113,6 +113,21 @@ TEST_F(ControllerTest, NextVersionStartsOnlyOnceThePreviousFinished) {
   EXPECT_TRUE(client_->StartVersion(3, 0).ok());
 }
 
+// Start 10, then start 3: both used to be accepted, and 3's writes would
+// land under the running 10 (#29). One version in flight, in order.
+TEST_F(ControllerTest, AnOlderVersionThanARunningOneIsRefused) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(10, 0).ok());
+  StatusOr<VersionStatus> older = client_->StartVersion(3, 1);
+  ASSERT_FALSE(older.ok());
+  EXPECT_EQ(older.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(older.status().message().find("older than version 10, which is running"), std::string::npos)
+      << older.status().message();
+  EXPECT_EQ(client_->GetVersion(3).status().code(), StatusCode::kNotFound) << "a refused start starts nothing";
+  EXPECT_TRUE(client_->StartVersion(10, 1).ok()) << "the running one may still be started by every trainer";
+}
+
 TEST_F(ControllerTest, VersionPastItsDeadlineFailsAndNeverCompletes) {
   ControllerOptions o = Options();
   o.version_timeout_s = 1.0;  // long enough for the first report on a loaded machine
