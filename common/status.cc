@@ -26,6 +26,11 @@ std::string Status::ToString() const {
   return std::string(StatusCodeName(code_)) + ": " + message_;
 }
 
+std::string Excerpt(const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  return text.substr(0, max_bytes) + "... (" + std::to_string(text.size()) + " bytes in all)";
+}
+
 Status Status::WithContext(const std::string& prefix) const {
   if (ok()) return *this;
   return Status(code_, prefix + ": " + message_);

@@ -56,6 +56,11 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+// `text` cut to at most `max_bytes` (then "... (N bytes in all)"): what an
+// error that quotes its input (a client's body, a file) may carry into a
+// reply, a log line or a kept list. The problem is named, not the payload.
+std::string Excerpt(const std::string& text, size_t max_bytes = 1024);
+
 inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }

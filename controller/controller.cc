@@ -312,9 +312,12 @@ bool Controller::DropCulpritLocked(Role role, int32_t rank, const std::string& e
 
 void Controller::RecordErrorLocked(Role role, int32_t rank, const std::string& error) {
   ++registration_errors_;
-  errors_.push_back({UnixNow(), role, rank, error});
+  // A refusal may quote the body it refused (an unknown key, a name): keep
+  // an excerpt, so twelve refused 8 MB bodies cost neither log nor status.
+  const std::string line = Excerpt(error);
+  errors_.push_back({UnixNow(), role, rank, line});
   if (errors_.size() > kMaxErrors) errors_.erase(errors_.begin());
-  Log("rejected " + std::string(RoleName(role)) + " registration: " + error);
+  Log("rejected " + std::string(RoleName(role)) + " registration: " + line);
 }
 
 json Controller::RegisterReplyLocked(Role role, int32_t rank) {

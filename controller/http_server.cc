@@ -60,7 +60,7 @@ void SendJson(httplib::Response& res, int code, const json& body) {
 }
 
 void SendError(httplib::Response& res, const Status& s) {
-  SendJson(res, HttpCode(s.code()), {{"error", s.message()}});
+  SendJson(res, HttpCode(s.code()), {{"error", Excerpt(s.message())}});
 }
 
 void Send(httplib::Response& res, const StatusOr<json>& r) {
@@ -90,15 +90,21 @@ size_t BodyLimit(const std::string& method, const std::string& path) {
 }
 
 void HttpServer::Refused(const std::string& remote, const std::string& reason, const std::string& line) {
-  bool first = false;
+  constexpr std::chrono::seconds kRefusedLogEvery(10);
+  bool log = false;
   {
     std::lock_guard<std::mutex> lock(refused_mu_);
     ++refused_total_[reason];
-    first = refused_logged_.insert({remote, reason}).second;
+    const auto now = std::chrono::steady_clock::now();
+    auto [it, fresh] = refused_logged_.try_emplace(reason, now);
+    if (fresh || now - it->second >= kRefusedLogEvery) {
+      it->second = now;
+      log = true;
+    }
   }
-  if (first) {
-    std::fprintf(stderr, "wsync controller: refused a request from %s: %s (further ones like it are counted "
-                 "in /metrics, not logged)\n", remote.c_str(), line.c_str());
+  if (log) {
+    std::fprintf(stderr, "wsync controller: refused a request from %s: %s (more like it within 10 s are counted "
+                 "in /metrics, not logged)\n", remote.c_str(), Excerpt(line, 512).c_str());
   }
 }
 

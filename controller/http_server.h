@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,7 +91,9 @@ class HttpServer {
   bool stopping_ = false;  // guarded by tick_mu_
   std::unique_ptr<RequestVerifier> verifier_;  // null: open control plane
   std::mutex refused_mu_;
-  std::set<std::pair<std::string, std::string>> refused_logged_;  // guarded by refused_mu_
+  // When a refusal of each reason was last logged: one line per reason per
+  // kRefusedLogEvery at most, whatever the number of source addresses.
+  std::map<std::string, std::chrono::steady_clock::time_point> refused_logged_;  // guarded by refused_mu_
   std::map<std::string, uint64_t> refused_total_;                  // reason -> count; guarded by refused_mu_
 };
 

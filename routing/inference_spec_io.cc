@@ -17,9 +17,9 @@ constexpr char kInferenceSchema[] = "wsync.inference/v1";
 Status ParseTensor(const json& j, const std::string& rank_where, InferenceTensor* t) {
   std::string where = rank_where;
   if (j.is_object() && j.contains("name") && j["name"].is_string())
-    where += ": tensor '" + j["name"].get<std::string>() + "'";
+    where += ": tensor '" + Excerpt(j["name"].get<std::string>(), 128) + "'";
   JsonObjectReader r(j, where);
-  r.Str("name", &t->name);
+  r.Name("name", &t->name);
   r.IntArray("shape", &t->shape);
   r.Dtype("dtype", &t->dtype);
   r.Str("region", &t->where.region);
@@ -44,7 +44,7 @@ Status ParseTensor(const json& j, const std::string& rank_where, InferenceTensor
   if (const json* sc = r.Object("scale", false)) {
     JsonObjectReader sr(*sc, where + ": scale");
     ScaleTensor s;
-    sr.Str("name", &s.name);
+    sr.Name("name", &s.name);
     sr.IntArray("shape", &s.shape);
     sr.Dtype("dtype", &s.dtype, false);
     sr.Str("region", &s.where.region);
@@ -76,7 +76,7 @@ Status ParseRank(const json& j, const std::string& source, size_t index, Inferen
   for (size_t i = 0; i < regions->size(); ++i) {
     JsonObjectReader rr((*regions)[i], where + ": regions[" + std::to_string(i) + "]");
     MemoryRegion m;
-    rr.Str("id", &m.id);
+    rr.Name("id", &m.id);
     rr.Uint("size", &m.size);
     rr.Str("descriptor", &m.descriptor, false);
     WSYNC_RETURN_IF_ERROR(rr.Finish());

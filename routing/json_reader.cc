@@ -82,6 +82,27 @@ bool JsonObjectReader::Str(const char* key, std::string* out, bool required) {
   return true;
 }
 
+bool JsonObjectReader::Name(const char* key, std::string* out, bool required) {
+  std::string name;
+  if (!Str(key, &name, required)) return false;
+  const auto control = std::find_if(name.begin(), name.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+  if (name.empty() || name.size() > kMaxNameBytes || control != name.end()) {
+    Fail(std::string("'") + key + "' must be 1 to " + std::to_string(kMaxNameBytes) +
+         " bytes without control characters, got " +
+         (name.empty() ? std::string("an empty string")
+                       : control != name.end()
+                             ? "a control character (byte " + std::to_string(static_cast<unsigned char>(*control)) +
+                                   ") at offset " + std::to_string(control - name.begin())
+                             : std::to_string(name.size()) + " bytes"));
+    return false;
+  }
+  *out = std::move(name);
+  return true;
+}
+
 bool JsonObjectReader::IntArray(const char* key, std::vector<int64_t>* out, bool required) {
   const json* v = Find(key, required);
   if (!v) return false;

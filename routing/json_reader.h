@@ -29,6 +29,10 @@ class JsonObjectReader {
   bool Int32(const char* key, int32_t* out, bool required = true);
   bool Uint(const char* key, uint64_t* out, bool required = true);
   bool Str(const char* key, std::string* out, bool required = true);
+  // A name that travels into plans, logs and replies (tensor, region): a
+  // string of 1 to kMaxNameBytes bytes without control characters.
+  bool Name(const char* key, std::string* out, bool required = true);
+  static constexpr size_t kMaxNameBytes = 1024;
   bool IntArray(const char* key, std::vector<int64_t>* out, bool required = true);
   bool StrArray(const char* key, std::vector<std::string>* out, bool required = true);
   bool Dtype(const char* key, DType* out, bool required = true);

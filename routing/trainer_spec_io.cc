@@ -61,9 +61,9 @@ Status ParseMeshCoord(const json& j, const std::string& where, MeshCoord* m) {
 Status ParseParam(const json& j, const std::string& rank_where, TrainerParam* p) {
   std::string where = rank_where;
   if (j.is_object() && j.contains("name") && j["name"].is_string())
-    where += ": tensor '" + j["name"].get<std::string>() + "'";
+    where += ": tensor '" + Excerpt(j["name"].get<std::string>(), 128) + "'";
   JsonObjectReader r(j, where);
-  r.Str("name", &p->name);
+  r.Name("name", &p->name);
   r.IntArray("global_shape", &p->global_shape);
   r.Dtype("dtype", &p->dtype);
   r.Str("mesh", &p->mesh);

@@ -245,5 +245,23 @@ TEST_F(ControllerTest, TrainerSlicesPartitionTheFullTable) {
   }
 }
 
+// A refused registration names the problem, not the payload: a 4 MB
+// unknown key used to come back whole in the 400, in stderr and in the
+// status' error list (#29).
+TEST_F(ControllerTest, ARefusedRegistrationQuotesAnExcerptOfItsBody) {
+  StartServer();
+  json body = world_.InferenceBody(0);
+  body[std::string(4 << 20, 'K')] = 1;
+  StatusOr<json> reply = client_->RegisterInferenceJson(body);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_NE(reply.status().message().find("unknown key"), std::string::npos) << reply.status().message().substr(0, 200);
+  EXPECT_LT(reply.status().message().size(), 2048u);
+  json s = Status();
+  ASSERT_FALSE(s["errors"].empty());
+  EXPECT_LT(s.dump().size(), 16384u) << "the error list keeps an excerpt";
+  std::lock_guard<std::mutex> lock(log_mu_);
+  for (const std::string& line : log_) EXPECT_LT(line.size(), 2048u);
+}
+
 }  // namespace
 }  // namespace wsync::controller::testing

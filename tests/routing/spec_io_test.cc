@@ -155,6 +155,24 @@ TEST(SpecIoTest, InferenceUnknownKeyInsideTp) {
             std::string::npos) << r.status().message();
 }
 
+// Names travel into plans, logs and replies: one with a NUL or a control
+// character, empty, or of 100 KB is refused, named by its place (#29).
+TEST(SpecIoTest, ATensorNameIsPrintableAndBounded) {
+  const std::string cases[] = {std::string("model.a\0b", 9), "model.\x07" "bell", "", std::string(100 << 10, 'x')};
+  for (const std::string& bad : cases) {
+    json j = Load("tiny_inference.json");
+    j["ranks"][1]["tensors"][0]["name"] = bad;
+    auto r = ParseInferenceSpec(j, "i.json");
+    ASSERT_FALSE(r.ok()) << "accepted a name of " << bad.size() << " bytes";
+    EXPECT_NE(r.status().message().find("'name' must be 1 to 1024 bytes without control characters"),
+              std::string::npos) << r.status().message();
+    EXPECT_LT(r.status().message().size(), 600u) << "the message quotes the name whole";
+    json t = Load("tiny_trainer.json");
+    t["ranks"][0]["params"][0]["name"] = bad;
+    EXPECT_FALSE(ParseTrainerSpec(t, "t.json").ok());
+  }
+}
+
 TEST(SpecIoTest, ShardsPlaceholderNeedsAConfig) {
   json j = Load("tiny_mapping.json");
   auto r = ParseMappingSpec(j, "m.json");
