@@ -412,7 +412,7 @@ StatusOr<VersionStatus> ControllerClient::WaitVersionUntil(uint64_t version, Clo
     }
     // A version waited for to land is one its caller reported: unknown, the
     // controller lost it (a restart without it), and waiting cannot help.
-    if (j.status().code() != StatusCode::kNotFound || landed) return j.status();
+    if (j.status().code() != StatusCode::kNotFound || until != Until::kFinished) return j.status();
     if (Clock::now() >= deadline)
       return DeadlineExceeded("version " + std::to_string(version) + " was not started before the deadline");
     std::this_thread::sleep_for(std::min(Remaining(deadline), milliseconds(50)));

@@ -152,7 +152,9 @@ class ControllerClient {
   // once for a version the controller does not know.
   StatusOr<VersionStatus> WaitVersionLanded(uint64_t version, Clock::time_point deadline);
   // The same, also answering once trainers may write the version (every
-  // engine-paced inference rank let it in): check `admitted`.
+  // engine-paced inference rank let it in): check `admitted`. NotFound at
+  // once for a version the controller does not know (its caller started it:
+  // the controller lost it, e.g. a restart).
   StatusOr<VersionStatus> WaitVersionAdmitted(uint64_t version, Clock::time_point deadline);
 
   // An engine-paced inference rank moves its gate (POST /v1/gate): "open",

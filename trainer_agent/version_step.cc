@@ -143,8 +143,10 @@ StatusOr<double> WaitAdmitted(controller::ControllerClient& client, int32_t rank
                         : std::string()));
     }
     if (s.ok() && s->complete()) return waited;  // a late rank: its peers wrote it
+    // NotFound: the controller lost the version (restarted while it ran):
+    // nothing may be written without its admission, so it ends here.
     if (!s.ok() && s.status().code() != StatusCode::kDeadlineExceeded && s.status().code() != StatusCode::kUnavailable)
-      return s.status().WithContext(me + ": waiting for engine-paced inference ranks");
+      return s.status().WithContext(me + ": waiting for engine-paced inference ranks to let it in");
     if (!told) Log(log, me + ": waiting for engine-paced inference ranks to call update()");
     told = true;
   }
