@@ -304,12 +304,20 @@ def engine(args):
     else:
         agent = wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
                                      layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
-                                     shadow=args.shadow, staging=args.staging)
+                                     shadow=args.shadow, staging=args.staging, paced=args.paced)
         print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered; the writes "
               f"land {'in pinned host memory (host staging)' if agent.staged else 'in GPU memory'}", flush=True)
     with agent:
         for v in range(1, args.versions + 1):
-            agent.wait_version(v, args.timeout)
+            if args.paced:  # engine-paced: the tensors change only inside update()
+                t0 = time.perf_counter()
+                assert agent.update(v, args.timeout) == v
+                u = agent.last_update
+                print(f"engine {args.rank}: update({v}) ({agent._session.pacing}): pause {u['seconds']:.4f} s "
+                      f"(wait {u['wait_seconds']:.4f}, copy {u['copy_seconds']:.4f}) of {time.perf_counter() - t0:.4f} s",
+                      flush=True)
+            else:
+                agent.wait_version(v, args.timeout)
             got = {n: t.cpu() for n, t in tensors.items()}
             # the trainer saves what it pushed once its push has returned
             wait_file(os.path.join(args.work, f"trainer-v{v}.json"), args.timeout)
@@ -408,7 +416,8 @@ def job(args):
               "--versions", str(args.versions), "--timeout", str(args.timeout),
               "--staging", args.staging, *(["--sidecar"] if args.sidecar else []),
               *(["--trainer-sidecar"] if args.trainer_sidecar else []),
-              *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else [])]
+              *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else []),
+              *(["--paced"] if args.paced else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
     port = 29500 + secrets.randbelow(1000)
@@ -458,6 +467,8 @@ def main():
     ap.add_argument("--checksums", action="store_true",
                     help="trainer checksums=True; engines verify_checksums=True and verify() after each version")
     ap.add_argument("--shadow", action="store_true", help="engines in shadow mode (InferenceAgent(shadow=True))")
+    ap.add_argument("--paced", action="store_true",
+                    help="engines engine-paced (InferenceAgent(paced=True)): each version taken with update(v)")
     ap.add_argument("--staging", choices=["auto", "on", "off"], default="auto",
                     help="TrainerAgent/InferenceAgent(staging=...): on sends through pinned host memory on both sides")
     ap.add_argument("--trainer-sidecar", action="store_true",
