@@ -59,6 +59,40 @@ std::string PlanDigest(const std::string& text) {
 }
 
 
+// The mapping to plan with: the controller's own (--mapping, identity by
+// default), unless the inference ranks bring one (engines that derive it
+// from the model they built, wsync.vllm). Then every rank brings the same
+// one, and a --mapping given beside it must say the same.
+StatusOr<const MappingSpec*> PlanMapping(const MappingSpec& given, const InferenceSpec& inference) {
+  const InferenceRank* first = nullptr;
+  std::vector<int32_t> without;
+  for (const InferenceRank& r : inference.ranks) {
+    if (!r.mapping) {
+      without.push_back(r.rank);
+      continue;
+    }
+    if (!first) {
+      first = &r;
+      continue;
+    }
+    if (ToJson(*r.mapping) != ToJson(*first->mapping))
+      return InvalidArgument("inference registrations: rank " + std::to_string(r.rank) + "'s mapping '" +
+                             r.mapping->name + "' differs from rank " + std::to_string(first->rank) + "'s ('" +
+                             first->mapping->name + "'); every rank of the world must bring the same one");
+  }
+  if (!first) return &given;
+  if (!without.empty())  // named first: the rank the registrations blame (CulpritOf)
+    return InvalidArgument("inference registrations: rank " + std::to_string(without.front()) +
+                           " brings no mapping, but rank " + std::to_string(first->rank) + " brings '" +
+                           first->mapping->name + "' (ranks without one: " + RankList(without) +
+                           "); every rank of the world must bring the same one");
+  if (ToJson(given) != ToJson(IdentityMapping()) && ToJson(given) != ToJson(*first->mapping))
+    return InvalidArgument("inference registrations: the ranks bring mapping '" + first->mapping->name +
+                           "', which differs from the controller's --mapping '" + given.name +
+                           "'; start the controller without --mapping to plan with theirs");
+  return &*first->mapping;
+}
+
 }  // namespace
 
 MappingSpec IdentityMapping() {
@@ -156,7 +190,8 @@ StatusOr<std::shared_ptr<const Controller::PlanState>> Controller::BuildPlan(
   plan_options.mapping_source = "mapping";
   plan_options.exchange = options_.exchange;
   plan_options.min_shard_piece_bytes = options_.min_shard_piece_bytes;
-  StatusOr<RoutingTable> table = Plan(trainer, inference, options_.mapping, plan_options);
+  WSYNC_ASSIGN_OR_RETURN(const MappingSpec* mapping, PlanMapping(options_.mapping, inference));
+  StatusOr<RoutingTable> table = Plan(trainer, inference, *mapping, plan_options);
   if (!table.ok()) return InvalidArgument(table.status().message());
   auto plan = std::make_shared<PlanState>();
   plan->table = std::move(table).value();

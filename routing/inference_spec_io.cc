@@ -67,12 +67,17 @@ Status ParseRank(const json& j, const std::string& source, size_t index, Inferen
   r.Int32("nic", &rank->nic, false);
   std::string pacing = PacingName(Pacing::kPush);
   r.Str("pacing", &pacing, false);
+  const json* mapping = r.Object("mapping", false);
   const json* regions = r.Array("regions");
   const json* tensors = r.Array("tensors");
   WSYNC_RETURN_IF_ERROR(r.Finish());
   std::optional<Pacing> paced = ParsePacing(pacing);
   if (!paced) return InvalidArgument(where + ": 'pacing' is '" + pacing + "'; expected push, live or shadow");
   rank->pacing = *paced;
+  if (mapping) {
+    WSYNC_ASSIGN_OR_RETURN(MappingSpec spec, ParseMappingSpec(*mapping, where + ": mapping"));
+    rank->mapping = std::move(spec);
+  }
   for (size_t i = 0; i < regions->size(); ++i) {
     JsonObjectReader rr((*regions)[i], where + ": regions[" + std::to_string(i) + "]");
     MemoryRegion m;
@@ -175,6 +180,7 @@ json ToJson(const InferenceSpec& spec) {
                {"gpu", rank.gpu}, {"nic", rank.nic}, {"regions", std::move(regions)},
                {"tensors", std::move(tensors)}};
     if (rank.pacing != Pacing::kPush) jr["pacing"] = PacingName(rank.pacing);
+    if (rank.mapping) jr["mapping"] = ToJson(*rank.mapping);
     ranks.push_back(std::move(jr));
   }
   return {{"schema", kInferenceSchema}, {"ranks", std::move(ranks)}};
@@ -198,6 +204,10 @@ std::string ToJsonText(const InferenceSpec& spec) {
     AppendJsonString(&out, rank.host);
     out += ",\"instance\":";
     AppendJsonInt(&out, rank.instance);
+    if (rank.mapping) {
+      out += ",\"mapping\":";
+      out += ToJson(*rank.mapping).dump();  // keys sorted, as ToJson(spec).dump() writes them
+    }
     out += ",\"nic\":";
     AppendJsonInt(&out, rank.nic);
     if (rank.pacing != Pacing::kPush) {

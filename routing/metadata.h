@@ -141,21 +141,6 @@ inline std::optional<Pacing> ParsePacing(std::string_view text) {
   return std::nullopt;
 }
 
-struct InferenceRank {
-  int32_t rank = -1;       // global inference rank
-  int32_t instance = 0;    // engine replica this rank belongs to
-  std::string host;
-  int32_t gpu = 0;
-  int32_t nic = 0;
-  Pacing pacing = Pacing::kPush;  // "pacing" in JSON; absent: push
-  std::vector<MemoryRegion> regions;
-  std::vector<InferenceTensor> tensors;
-};
-
-struct InferenceSpec {
-  std::vector<InferenceRank> ranks;  // sorted by rank, 0..N-1
-};
-
 // ---------------------------------------------------------------- mapping --
 
 // One source of an engine tensor. Patterns may hold {L} (layer index, bound
@@ -207,6 +192,28 @@ struct MappingSpec {
   std::string name;
   std::vector<MappingRule> rules;   // first match wins
   std::vector<QuantRule> quant;     // one per destination dtype that needs a transform
+};
+
+// ----------------------------------------------- inference (continued) --
+
+struct InferenceRank {
+  int32_t rank = -1;       // global inference rank
+  int32_t instance = 0;    // engine replica this rank belongs to
+  std::string host;
+  int32_t gpu = 0;
+  int32_t nic = 0;
+  Pacing pacing = Pacing::kPush;  // "pacing" in JSON; absent: push
+  // The names this engine's tensors take from the trainer's, when the
+  // engine derives them itself (wsync.vllm reads them off the model vLLM
+  // built): every rank of the world brings the same one, and the
+  // controller plans with it ("mapping" in JSON, a wsync.mapping/v1 object).
+  std::optional<MappingSpec> mapping;
+  std::vector<MemoryRegion> regions;
+  std::vector<InferenceTensor> tensors;
+};
+
+struct InferenceSpec {
+  std::vector<InferenceRank> ranks;  // sorted by rank, 0..N-1
 };
 
 }  // namespace wsync

@@ -78,6 +78,20 @@ TEST(SpecIoTest, SpecTextIsTheTreesDumpByteForByte) {
   in.ranks.at(0).tensors.at(1).scale.reset();
   in.ranks.at(0).regions.at(0).descriptor = "d\x01\"";
   EXPECT_EQ(ToJsonText(in), ToJson(in).dump());
+
+  // A rank that brings its own mapping (wsync.vllm) keeps it through the text.
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(Data("tiny_config.json")));
+  auto mapping = ParseMappingSpecFromFile(Data("tiny_mapping.json"), &config);
+  ASSERT_TRUE(mapping.ok()) << mapping.status().ToString();
+  InferenceSpec with = *inference;
+  with.ranks.at(0).mapping = *mapping;
+  with.ranks.at(0).pacing = Pacing::kLive;
+  EXPECT_EQ(ToJsonText(with), ToJson(with).dump());
+  auto back = ParseInferenceSpec(nlohmann::json::parse(ToJsonText(with)), "text");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_TRUE(back->ranks.at(0).mapping.has_value());
+  EXPECT_EQ(ToJson(*back->ranks.at(0).mapping), ToJson(*mapping));
+  EXPECT_FALSE(back->ranks.size() > 1 && back->ranks.at(1).mapping.has_value());
 }
 
 TEST(SpecIoTest, MalformedJsonNamesFileAndPosition) {
