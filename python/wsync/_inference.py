@@ -49,6 +49,10 @@ class InferenceAgent(SessionOwner):
     update() copies the newest complete version out. The default
     (paced=False) lets trainers write whenever they push: an engine that
     computes meanwhile may read a mix of two versions.
+    mapping: a wsync.mapping/v1 dict naming where each engine tensor comes
+    from in the trainer's names, for engines that derive it themselves
+    (wsync.vllm); every rank brings the same one and the controller,
+    started without --mapping, plans with it.
     staging (GPU tensors): "auto" registers them in place where the
     transport can (a libfabric with FI_HMEM) and otherwise lands the writes
     in pinned host memory, copied host-to-device once a version landed on
@@ -58,13 +62,15 @@ class InferenceAgent(SessionOwner):
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto", paced=False):
+                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto", paced=False, mapping=None):
         if staging not in _STAGING:
             raise ValueError(f"wsync.InferenceAgent rank {rank}: staging={staging!r}: expected one of "
                              f"{', '.join(map(repr, _STAGING))}")
         self.rank = rank
         self.job = job
         rank_entry, regions, self._tensors = _rank_entry(tensors, rank, instance, layout, scale_suffix, host)
+        if mapping is not None:
+            rank_entry["mapping"] = mapping
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
                   "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),

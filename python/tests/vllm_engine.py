@@ -1,0 +1,146 @@
+"""A real vLLM engine taking wsync versions through its weight-transfer API,
+then fresh vLLM engines loaded from the trainer's checkpoints, for
+test_vllm.py.
+
+    python vllm_engine.py --model DIR --controller HOST:PORT --job J --tp 2
+                          --versions 3 --out OUT [--secret-file F]
+
+Phase 1 (wsync): an LLM with weight_transfer_config {"backend": "wsync"}
+(the package's vllm.general_plugins entry point registers it); its workers
+register through init_weight_transfer_engine. It serves the prompts, then
+for each version v: start_weight_update, update_weights({"version": v}),
+finish_weight_update, reset_prefix_cache (vLLM's own calls, between
+steps), and serves again. Recorded per version: the greedy tokens, every
+tensor each worker computes from (collective_rpc), the backend's figures.
+
+Phase 2 (reference, wsync not involved): for each version a fresh LLM with
+the same TP loaded from OUT/ckpt_v<v> (the trainer's full state, written by
+vllm_trainer.py), vLLM's own loader; the same records.
+
+Writes OUT/engine.json (tokens, figures, whether each worker's tensors equal
+the reference's bit for bit, naming the first that differs) and prints
+progress as it goes.
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+# Fixed prompts as token ids (the engine has no tokenizer), distinct lengths.
+PROMPTS = [[1, 17, 42, 99, 250], [3, 500, 7], [12, 12, 12, 12, 301, 64, 5, 88]]
+NEW_TOKENS = 12
+
+
+def say(*args):
+    print("vllm_engine:", *args, flush=True)
+
+
+def make_llm(model, tp, wsync):
+    from vllm import LLM
+
+    kwargs = dict(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+                  tensor_parallel_size=tp, gpu_memory_utilization=0.1, max_model_len=256, seed=0)
+    if wsync:
+        kwargs["weight_transfer_config"] = {"backend": "wsync"}
+    t = time.time()
+    llm = LLM(**kwargs)
+    say(f"engine up ({'wsync' if wsync else 'reference'}, TP {tp}) in {time.time() - t:.1f} s")
+    return llm
+
+
+def tokens(llm):
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def worker_tensors(llm):
+    from wsync.vllm import engine_tensors
+
+    return llm.collective_rpc(engine_tensors)
+
+
+def first_difference(got, want):
+    """None if every worker's tensors equal the reference's bit for bit,
+    else a line naming the first that differs."""
+    import torch
+
+    for rank, (g, w) in enumerate(zip(got, want)):
+        if set(g) != set(w):
+            return f"worker {rank}: names differ: {sorted(set(g) ^ set(w))[:5]}"
+        for name in sorted(w):
+            a, b = g[name], w[name]
+            if a.dtype != b.dtype or a.shape != b.shape:
+                return f"worker {rank}: {name}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
+            if not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+                return f"worker {rank}: {name}: bytes differ"
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--controller", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--secret-file", default=os.environ.get("WSYNC_SECRET_FILE"))
+    a = ap.parse_args()
+    # vLLM's CPU backend binds each TP worker's threads to a NUMA node of
+    # its own unless told which cores to use; this machine has one node.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % os.cpu_count()) for i in range(a.tp)))
+
+    from wsync.vllm import last_update
+
+    result = {"tokens": {}, "updates": {}, "reference_tokens": {}, "tensors_equal": {}}
+    llm = make_llm(a.model, a.tp, wsync=True)
+    t = time.time()
+    llm.collective_rpc("init_weight_transfer_engine",
+                       kwargs={"init_info": {"controller": a.controller, "job": a.job, "secret_file": a.secret_file}})
+    say(f"wsync backend initialized on {a.tp} workers in {time.time() - t:.2f} s")
+    result["tokens"]["0"] = tokens(llm)
+    figures = llm.collective_rpc(last_update)
+    result["paths"] = figures[0]["paths"]
+    result["extra_bytes"] = [f["extra_bytes"] for f in figures]
+    got = {}
+    for v in range(1, a.versions + 1):
+        t = time.time()
+        llm.collective_rpc("start_weight_update")
+        llm.collective_rpc("update_weights", kwargs={"update_info": {"version": v}})
+        llm.collective_rpc("finish_weight_update")
+        t_reset = time.time()
+        llm.reset_prefix_cache()
+        reset = time.time() - t_reset
+        took = time.time() - t
+        result["updates"][str(v)] = {"seconds": took, "reset_seconds": reset,
+                                     "workers": [f["update"] for f in llm.collective_rpc(last_update)]}
+        result["tokens"][str(v)] = tokens(llm)
+        got[v] = worker_tensors(llm)
+        say(f"version {v} taken in {took:.3f} s; tokens {result['tokens'][str(v)][0][:6]}...")
+    del llm
+    gc.collect()
+
+    for v in range(1, a.versions + 1):
+        ref = make_llm(os.path.join(a.out, f"ckpt_v{v}"), a.tp, wsync=False)
+        result["reference_tokens"][str(v)] = tokens(ref)
+        result["tensors_equal"][str(v)] = first_difference(got[v], worker_tensors(ref)) or "equal"
+        say(f"version {v}: reference tokens {result['reference_tokens'][str(v)][0][:6]}...; "
+            f"tensors {result['tensors_equal'][str(v)]}")
+        del ref
+        gc.collect()
+    with open(os.path.join(a.out, "engine.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    say("done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The trainer side of test_vllm.py: a real FSDP2 Qwen3 on the torchrun
+ranks (Gloo, CPU) pushing versions into a vLLM engine through wsync.
+
+    torchrun --standalone --nproc-per-node 2 vllm_trainer.py
+        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3]
+
+For each version v: one AdamW step, the full state saved as a transformers
+checkpoint in OUT/ckpt_v<v> (rank 0; what the test's fresh reference engine
+loads), then TrainerAgent.push(v) and its wait (the engine is engine-paced:
+the push lands when the engine's update_weights takes it).
+"""
+
+import argparse
+import os
+import shutil
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fsdp_setup  # noqa: E402
+import torch_models  # noqa: E402
+
+import wsync  # noqa: E402
+
+
+def save_checkpoint(builder, state, path):
+    """A transformers checkpoint of `state` (full tensors) in `path`."""
+    _, plain = builder()
+    plain.load_state_dict(state, strict=True)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    os.replace(tmp, path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--controller", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="qwen3", choices=["qwen3"])
+    a = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    builder = torch_models.small_qwen3
+    _, model = builder()
+    fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
+    optimizer = fsdp_setup.make_optimizer(model)
+    agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job)
+    print(f"vllm_trainer rank {rank}: registered; the world is planned", flush=True)
+    for v in range(1, a.versions + 1):
+        loss = fsdp_setup.train_step(model, optimizer, v, rank)
+        state = fsdp_setup.full_state(model)
+        if rank == 0:
+            save_checkpoint(builder, state, os.path.join(a.out, f"ckpt_v{v}"))
+        push = agent.push(v)
+        push.wait_reads_done()
+        report = push.wait()
+        print(f"vllm_trainer rank {rank}: version {v} (loss {loss:.3f}) pushed: {report['stages']['total']:.3f} s",
+              flush=True)
+    agent.close()
+    fsdp_setup.leave_job()
+
+
+if __name__ == "__main__":
+    main()
