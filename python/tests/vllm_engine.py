@@ -17,6 +17,10 @@ Phase 2 (reference, wsync not involved): for each version a fresh LLM with
 the same TP loaded from OUT/ckpt_v<v> (the trainer's full state, written by
 vllm_trainer.py), vLLM's own loader; the same records.
 
+Then a version failed by a trainer before any write: update_weights must
+raise with the controller's recorded cause, and the engine must still
+serve the last complete version.
+
 Writes OUT/engine.json (tokens, figures, whether each worker's tensors equal
 the reference's bit for bit, naming the first that differs) and prints
 progress as it goes.
@@ -126,6 +130,22 @@ def main():
         result["tokens"][str(v)] = tokens(llm)
         got[v] = worker_tensors(llm)
         say(f"version {v} taken in {took:.3f} s; tokens {result['tokens'][str(v)][0][:6]}...")
+    # A version that fails (here: failed by a trainer before any write):
+    # update_weights raises with the controller's recorded cause, and the
+    # engine goes on serving the last complete version.
+    from control import signed
+
+    bad = a.versions + 1
+    signed(a.controller, a.secret_file, "POST", f"/v1/versions/{bad}/fail",
+           {"role": "trainer", "rank": 0, "error": "injected by the test: the optimizer step diverged"})
+    try:
+        llm.collective_rpc("start_weight_update")
+        llm.collective_rpc("update_weights", kwargs={"update_info": {"version": bad}})
+        result["failed_update"] = None
+    except Exception as e:  # noqa: BLE001 - what vLLM raises to its caller is the check
+        result["failed_update"] = str(e)
+    result["tokens_after_failed"] = tokens(llm)
+    say(f"version {bad} (failed): update_weights raised: {str(result['failed_update'])[:300]}")
     del llm
     gc.collect()
 
