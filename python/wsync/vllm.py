@@ -321,7 +321,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         try:
             got = self.agent.update(v)
         except VersionError as e:
-            raise RuntimeError(f"wsync vLLM backend rank {self.rank}: version {v} failed: {e}") from None
+            raise RuntimeError(f"wsync vLLM backend: {e}") from None  # names the rank, the version and the cause
         landed = time.perf_counter()
         processed = self._process()
         done = time.perf_counter()
