@@ -30,12 +30,6 @@ std::string Hex(const unsigned char* p, size_t n) {
   return out;
 }
 
-std::string Sha256Hex(const std::string& data) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  return Hex(digest, sizeof(digest));
-}
-
 std::string RandomHex(size_t bytes) {
   std::string raw(bytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) {
@@ -55,6 +49,12 @@ bool IsHex(const std::string& s) {
 }
 
 }  // namespace
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+  return Hex(digest, sizeof(digest));
+}
 
 double UnixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -117,10 +117,10 @@ Status WriteNewSecret(const std::string& path) {
   return Status::Ok();
 }
 
-std::string CanonicalRequest(const std::string& method, const std::string& target, const std::string& body,
+std::string CanonicalRequest(const std::string& method, const std::string& target, const std::string& body_sha256,
                              const std::string& timestamp, const std::string& nonce) {
   return std::string(kScheme) + "\n" + method + "\n" + target + "\n" + timestamp + "\n" + nonce + "\n" +
-         Sha256Hex(body);
+         body_sha256;
 }
 
 RequestSignature SignRequestAt(const JobSecret& secret, const std::string& method, const std::string& target,
@@ -128,7 +128,8 @@ RequestSignature SignRequestAt(const JobSecret& secret, const std::string& metho
   RequestSignature s;
   s.timestamp = std::to_string(unix_seconds);
   s.nonce = nonce;
-  s.signature = secret.Hmac(CanonicalRequest(method, target, body, s.timestamp, s.nonce));
+  s.content_sha256 = Sha256Hex(body);
+  s.signature = secret.Hmac(CanonicalRequest(method, target, s.content_sha256, s.timestamp, s.nonce));
   return s;
 }
 
@@ -140,16 +141,36 @@ RequestSignature SignRequest(const JobSecret& secret, const std::string& method,
 RequestVerifier::RequestVerifier(JobSecret secret, double max_skew_s)
     : secret_(std::move(secret)), max_skew_s_(max_skew_s) {}
 
-Status RequestVerifier::Verify(const std::string& method, const std::string& target, const std::string& body,
-                               const RequestSignature& sig) {
-  return Verify(method, target, body, sig, UnixSeconds());
+Status RequestVerifier::VerifyHead(const std::string& method, const std::string& target,
+                                   const RequestSignature& sig) {
+  return VerifyHead(method, target, sig, UnixSeconds());
 }
 
 Status RequestVerifier::Verify(const std::string& method, const std::string& target, const std::string& body,
                                const RequestSignature& sig, double now_unix) {
+  // The body first: a request refused for it leaves its nonce unused.
+  if (!sig.content_sha256.empty()) WSYNC_RETURN_IF_ERROR(VerifyBody(body, sig));
+  return VerifyHead(method, target, sig, now_unix);
+}
+
+Status RequestVerifier::VerifyBody(const std::string& body, const RequestSignature& sig) {
+  const std::string actual = Sha256Hex(body);
+  if (sig.content_sha256.size() != actual.size() ||
+      CRYPTO_memcmp(sig.content_sha256.data(), actual.data(), actual.size()) != 0) {
+    return Unauthenticated("bad signature (the body is not the one that was signed: altered in transit)");
+  }
+  return Status::Ok();
+}
+
+Status RequestVerifier::VerifyHead(const std::string& method, const std::string& target,
+                                   const RequestSignature& sig, double now_unix) {
   if (sig.signature.empty() || sig.timestamp.empty() || sig.nonce.empty()) {
     return Unauthenticated("unsigned request (no " + std::string(kSignatureHeader) +
                            "); every agent and command needs the job's --secret-file or $" + kSecretFileEnv);
+  }
+  if (sig.content_sha256.size() != 64 || !IsHex(sig.content_sha256)) {
+    return Unauthenticated("unsigned request (no " + std::string(kContentHashHeader) +
+                           ", or not 64 lower-case hex digits): a client older than this controller?");
   }
   char* end = nullptr;
   errno = 0;
@@ -157,7 +178,8 @@ Status RequestVerifier::Verify(const std::string& method, const std::string& tar
   if (*end != '\0' || errno == ERANGE) return Unauthenticated("malformed " + std::string(kTimestampHeader));
   if (sig.nonce.size() < 16 || sig.nonce.size() > 64 || !IsHex(sig.nonce))
     return Unauthenticated("malformed " + std::string(kNonceHeader) + " (16 to 64 lower-case hex digits)");
-  const std::string expected = secret_.Hmac(CanonicalRequest(method, target, body, sig.timestamp, sig.nonce));
+  const std::string expected =
+      secret_.Hmac(CanonicalRequest(method, target, sig.content_sha256, sig.timestamp, sig.nonce));
   if (sig.signature.size() != expected.size() ||
       CRYPTO_memcmp(sig.signature.data(), expected.data(), expected.size()) != 0) {
     return Unauthenticated("bad signature (forged or altered request, or a different job secret)");

@@ -2,18 +2,21 @@
 //
 // Every job has a secret: the bytes of a file only its owner can read,
 // named by --secret-file or $WSYNC_SECRET_FILE on every command. Each
-// request carries three headers:
+// request carries four headers:
 //
-//   X-Wsync-Timestamp  unix seconds when it was signed
-//   X-Wsync-Nonce      32 hex digits, never reused
-//   X-Wsync-Signature  hex HMAC-SHA256(secret, canonical request)
+//   X-Wsync-Timestamp       unix seconds when it was signed
+//   X-Wsync-Nonce           32 hex digits, never reused
+//   X-Wsync-Content-Sha256  hex SHA-256 of the body
+//   X-Wsync-Signature       hex HMAC-SHA256(secret, canonical request)
 //
 // where the canonical request is, one per line: the scheme name
 // "wsync-hmac-sha256-v1", the method, the request target (path and query as
 // sent), the timestamp, the nonce and the hex SHA-256 of the body. The
 // controller refuses (401) a request whose signature is missing or wrong
 // (forged or altered), whose timestamp is further than the allowed skew from
-// its clock, or whose nonce it has seen within that window (replayed).
+// its clock, or whose nonce it has seen within that window (replayed) -- all
+// from the head, before a byte of the body is read -- and then one whose
+// body does not hash to what was signed.
 #pragma once
 
 #include <chrono>
@@ -30,6 +33,7 @@ namespace wsync::controller {
 inline constexpr char kTimestampHeader[] = "X-Wsync-Timestamp";
 inline constexpr char kNonceHeader[] = "X-Wsync-Nonce";
 inline constexpr char kSignatureHeader[] = "X-Wsync-Signature";
+inline constexpr char kContentHashHeader[] = "X-Wsync-Content-Sha256";
 inline constexpr char kSecretFileEnv[] = "WSYNC_SECRET_FILE";
 
 class JobSecret {
@@ -63,9 +67,12 @@ struct RequestSignature {
   std::string timestamp;
   std::string nonce;
   std::string signature;
+  std::string content_sha256;  // the body's, as signed
 };
 
-std::string CanonicalRequest(const std::string& method, const std::string& target, const std::string& body,
+std::string Sha256Hex(const std::string& data);
+// `body_sha256`: Sha256Hex of the body.
+std::string CanonicalRequest(const std::string& method, const std::string& target, const std::string& body_sha256,
                              const std::string& timestamp, const std::string& nonce);
 
 // Signs with the current time and a random nonce.
@@ -80,12 +87,18 @@ class RequestVerifier {
  public:
   explicit RequestVerifier(JobSecret secret, double max_skew_s = 60);
 
-  // Unauthenticated naming what was wrong (missing header, bad signature,
-  // stale timestamp, replayed nonce); `now_unix` is injected by tests.
+  // Everything but the body: the signature over the declared body hash,
+  // the timestamp, the nonce (remembered from here on). Unauthenticated
+  // naming what was wrong (missing header, bad signature, stale timestamp,
+  // replayed nonce); `now_unix` is injected by tests.
+  Status VerifyHead(const std::string& method, const std::string& target, const RequestSignature& sig,
+                    double now_unix);
+  Status VerifyHead(const std::string& method, const std::string& target, const RequestSignature& sig);
+  // The body, once read, against the hash VerifyHead accepted.
+  static Status VerifyBody(const std::string& body, const RequestSignature& sig);
+  // Both.
   Status Verify(const std::string& method, const std::string& target, const std::string& body,
                 const RequestSignature& sig, double now_unix);
-  Status Verify(const std::string& method, const std::string& target, const std::string& body,
-                const RequestSignature& sig);
 
  private:
   void PruneLocked(double now_unix);

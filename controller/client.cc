@@ -112,11 +112,21 @@ StatusOr<ControllerClient::Reply> ControllerClient::Send(const std::string& meth
     httplib::Headers headers;
     if (options_.secret.has_value()) {
       const RequestSignature sig = SignRequest(*options_.secret, method, path, body);
-      headers = {{kTimestampHeader, sig.timestamp}, {kNonceHeader, sig.nonce}, {kSignatureHeader, sig.signature}};
+      headers = {{kTimestampHeader, sig.timestamp},
+                 {kNonceHeader, sig.nonce},
+                 {kSignatureHeader, sig.signature},
+                 {kContentHashHeader, sig.content_sha256}};
     }
     httplib::Result r = method == "GET"   ? cli.Get(path, headers)
                         : method == "PUT" ? cli.Put(path, headers, body, content_type)
                                           : cli.Post(path, headers, body, content_type);
+    // A server at its connection cap answers 503 with Retry-After before it
+    // reads anything: the request never ran, so it is sent again.
+    if (r && r->status == 503 && r->has_header("Retry-After") && Clock::now() + backoff < give_up) {
+      std::this_thread::sleep_for(std::max(backoff, milliseconds(200)));
+      backoff = std::min(backoff * 2, milliseconds(1000));
+      continue;
+    }
     if (r) return Reply{r->status, r->body};
     const httplib::Error err = r.error();
     if (err == httplib::Error::SSLServerVerification || err == httplib::Error::SSLConnection) {

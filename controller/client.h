@@ -2,8 +2,10 @@
 // trainer and inference agents, the Gloo store over HTTP and tests.
 //
 // Every call opens its own connection, so one ControllerClient may be shared
-// by threads. A refused connection (controller not up yet, or restarting) is
-// retried until `retry_for_s` passes; other transport errors are returned at
+// by threads. A refused connection (controller not up yet, or restarting),
+// or a 503 with Retry-After (the controller at its connection cap, before it
+// read the request) is retried until `retry_for_s` passes; other transport
+// errors are returned at
 // once as Unavailable. Controller answers become Status codes:
 // 400 InvalidArgument, 401 Unauthenticated, 404 NotFound, 409
 // FailedPrecondition, 413 ResourceExhausted, 503 Unavailable/Aborted, 504

@@ -1,7 +1,5 @@
 #include "controller/http_server.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -9,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <regex>
 
 #include "controller/http_handlers.h"
 
@@ -39,8 +38,6 @@ int HttpCode(StatusCode code) {
   return 500;
 }
 
-using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
-
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -54,24 +51,24 @@ std::string ReasonOf(const std::string& message) {
   return r;
 }
 
-void SendJson(httplib::Response& res, int code, const json& body) {
+void SendJson(HttpResponse& res, int code, const json& body) {
   res.status = code;
-  res.set_content(ReplyText(body), "application/json");
+  res.content_type = "application/json";
+  res.body = ReplyText(body);
 }
 
-void SendError(httplib::Response& res, const Status& s) {
+void SendError(HttpResponse& res, const Status& s) {
   SendJson(res, HttpCode(s.code()), {{"error", Excerpt(s.message())}});
 }
 
-void Send(httplib::Response& res, const StatusOr<json>& r) {
+void Send(HttpResponse& res, const StatusOr<json>& r) {
   if (r.ok()) SendJson(res, 200, *r);
   else SendError(res, r.status());
 }
 
-std::optional<std::string> Param(const httplib::Request& req, const char* name) {
-  if (!req.has_param(name)) return std::nullopt;
-  return req.get_param_value(name);
-}
+// The two lanes: what must never wait behind long polls, and the rest.
+constexpr size_t kControlLane = 0;
+constexpr size_t kGeneralLane = 1;
 
 }  // namespace
 
@@ -112,78 +109,68 @@ std::string HttpServer::SecurityMetrics() {
   std::string out =
       "# HELP wsync_requests_refused_total Control requests refused before any handler ran, by reason.\n"
       "# TYPE wsync_requests_refused_total counter\n";
+  out += "# HELP wsync_http_connections Connections open to the control plane now.\n"
+         "# TYPE wsync_http_connections gauge\n"
+         "wsync_http_connections " + std::to_string(open_connections()) + "\n"
+         "# HELP wsync_http_workers_busy Workers running a handler now, by lane (long polls count).\n"
+         "# TYPE wsync_http_workers_busy gauge\n"
+         "wsync_http_workers_busy{lane=\"control\"} " + std::to_string(busy_control_workers()) + "\n"
+         "wsync_http_workers_busy{lane=\"general\"} " + std::to_string(busy_general_workers()) + "\n";
   std::lock_guard<std::mutex> lock(refused_mu_);
   for (const auto& [reason, n] : refused_total_)
     out += "wsync_requests_refused_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
   return out;
 }
 
+struct HttpServer::Route {
+  std::string method;
+  std::regex pattern;  // the whole (decoded) path
+  bool guarded;        // signed requests only, when there is a secret
+  size_t lane;
+  std::function<void(const HttpRequest&, HttpResponse&)> handle;
+};
+
 HttpServer::HttpServer(Controller* controller, ServerOptions options)
-    : controller_(controller), options_(std::move(options)) {
-  if (tls()) {
-    server_ = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(), options_.tls_key_file.c_str());
-  } else {
-    server_ = std::make_unique<httplib::Server>();
-  }
-}
+    : controller_(controller), options_(std::move(options)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::InstallRoutes() {
-  // Every route but /healthz and /metrics goes through `guard`: with a job
-  // secret, an unsigned, forged, altered, stale or replayed request is
-  // refused (401) before its handler sees it.
-  struct GuardedServer {
-    HttpServer* self;
-    httplib::Server& s;
-    Handler Guard(Handler h) {
-      return [self = self, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
-        if (self->verifier_ != nullptr) {
-          const RequestSignature sig{req.get_header_value(kTimestampHeader), req.get_header_value(kNonceHeader),
-                                     req.get_header_value(kSignatureHeader)};
-          Status st = self->verifier_->Verify(req.method, req.target, req.body, sig);
-          if (!st.ok()) {
-            self->Refused(req.remote_addr, ReasonOf(st.message()), req.method + " " + req.path + ": " + st.message());
-            return SendError(res, st.WithContext(req.method + " " + req.path));
-          }
-        }
-        h(req, res);
-      };
-    }
-    void Get(const std::string& pattern, Handler h) { s.Get(pattern, Guard(std::move(h))); }
-    void Post(const std::string& pattern, Handler h) { s.Post(pattern, Guard(std::move(h))); }
-    void Put(const std::string& pattern, Handler h) { s.Put(pattern, Guard(std::move(h))); }
-  };
-  httplib::Server& open = *server_;
-  GuardedServer s{this, *server_};
   Controller* c = controller_;
-
-  open.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
+  auto add = [this](std::string method, const char* pattern, bool guarded, size_t lane,
+                    std::function<void(const HttpRequest&, HttpResponse&)> handle) {
+    routes_.push_back(Route{std::move(method), std::regex(pattern), guarded, lane, std::move(handle)});
+  };
+  // Every route but /healthz and /metrics is guarded: with a job secret, an
+  // unsigned, forged, altered, stale or replayed request is refused (401)
+  // before its handler sees it -- and, but for an altered body, before its
+  // body is read.
+  add("GET", "/healthz", false, kControlLane, [](const HttpRequest&, HttpResponse& res) {
+    res.content_type = "text/plain";
+    res.body = "ok\n";
+  });
+  // Counts and gauges only: no descriptor, key or plan leaves through here.
+  add("GET", "/metrics", false, kControlLane, [this, c](const HttpRequest&, HttpResponse& res) {
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = c->MetricsText() + SecurityMetrics();
   });
 
-  s.Post("/v1/register/trainer", [c](const httplib::Request& req, httplib::Response& res) {
+  add("POST", "/v1/register/trainer", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleRegister(*c, Role::kTrainer, req.path, req.body));
   });
-  s.Post("/v1/register/inference", [c](const httplib::Request& req, httplib::Response& res) {
+  add("POST", "/v1/register/inference", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleRegister(*c, Role::kInference, req.path, req.body));
   });
 
-  s.Get("/v1/plan", [c](const httplib::Request& req, httplib::Response& res) {
+  add("GET", "/v1/plan", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     StatusOr<std::shared_ptr<const std::string>> slice =
-        HandlePlanText(*c, req.get_param_value("role"), req.get_param_value("rank"),
-                       WaitParam(Param(req, "wait_ms"), 0));
+        HandlePlanText(*c, req.Param("role").value_or(""), req.Param("rank").value_or(""),
+                       WaitParam(req.Param("wait_ms"), 0));
     if (slice.ok()) {
-      // The cached text itself, neither re-encoded nor copied into the
-      // response (set_content copies: 215 MB and as many large mallocs and
-      // frees for Kimi-K2's 384 slices); the provider keeps it alive.
-      res.status = 200;
-      std::shared_ptr<const std::string> text = std::move(slice).value();
-      const size_t size = text->size();
-      return res.set_content_provider(size, "application/json",
-                                      [text = std::move(text)](size_t offset, size_t length, httplib::DataSink& sink) {
-                                        return sink.write(text->data() + offset, length);
-                                      });
+      // The cached text itself, neither re-encoded nor copied (215 MB and as
+      // many large copies for Kimi-K2's 384 slices).
+      res.shared_body = std::move(slice).value();
+      return;
     }
     if (slice.status().code() != StatusCode::kFailedPrecondition) return SendError(res, slice.status());
     json body = c->WorldSummary();
@@ -191,89 +178,101 @@ void HttpServer::InstallRoutes() {
     SendJson(res, 409, body);
   });
 
-  s.Post("/v1/heartbeat", [c](const httplib::Request& req, httplib::Response& res) {
+  add("POST", "/v1/heartbeat", true, kControlLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleHeartbeat(*c, req.path, req.body));
   });
 
   // Gloo rendezvous store: raw values, long-polled reads, counters.
-  s.Put(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
+  add("POST", R"(/v1/kv/(.+)/add)", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+    Send(res, HandleKvAdd(*c, req.matches[1], req.path, req.body));
+  });
+  add("PUT", R"(/v1/kv/(.+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     c->KvSet(req.matches[1], req.body);
     SendJson(res, 200, json::object());
   });
-  s.Get(R"(/v1/kv/(.+))", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(Param(req, "wait_ms"), kDefaultWaitMs));
+  add("GET", R"(/v1/kv/(.+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+    StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(req.Param("wait_ms"), kDefaultWaitMs));
     if (!value.ok()) return SendError(res, value.status());
-    res.set_content(*value, "application/octet-stream");
-  });
-  s.Post(R"(/v1/kv/(.+)/add)", [c](const httplib::Request& req, httplib::Response& res) {
-    Send(res, HandleKvAdd(*c, req.matches[1], req.path, req.body));
+    res.content_type = "application/octet-stream";
+    res.body = std::move(value).value();
   });
 
-  s.Post(R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|inference_committed|fail))",
-         [c](const httplib::Request& req, httplib::Response& res) {
-           Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
-         });
-  s.Get(R"(/v1/versions/([^/]+)/checksums)", [c](const httplib::Request& req, httplib::Response& res) {
-    Send(res, HandleGetChecksums(*c, req.matches[1], req.get_param_value("rank"),
-                                 WaitParam(Param(req, "wait_ms"), 0)));
+  add("POST", R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|inference_committed|fail))", true,
+      kControlLane, [c](const HttpRequest& req, HttpResponse& res) {
+        Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
+      });
+  add("GET", R"(/v1/versions/([^/]+)/checksums)", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+    Send(res, HandleGetChecksums(*c, req.matches[1], req.Param("rank").value_or(""),
+                                 WaitParam(req.Param("wait_ms"), 0)));
   });
-  s.Get(R"(/v1/versions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
-    Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(Param(req, "wait_ms"), 0), req.get_param_value("until")));
+  add("GET", R"(/v1/versions/([^/]+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+    Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(req.Param("wait_ms"), 0),
+                               req.Param("until").value_or("")));
   });
 
-  s.Post("/v1/gate", [c](const httplib::Request& req, httplib::Response& res) {
+  add("POST", "/v1/gate", true, kControlLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleGate(*c, req.path, req.body));
   });
 
-  s.Get("/v1/status", [c](const httplib::Request& req, httplib::Response& res) {
-    SendJson(res, 200, c->StatusJson(Param(req, "since").value_or(""), WaitParam(Param(req, "wait_ms"), 0)));
+  add("GET", "/v1/status", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+    SendJson(res, 200, c->StatusJson(req.Param("since").value_or(""), WaitParam(req.Param("wait_ms"), 0)));
   });
-  // Counts and gauges only: no descriptor, key or plan leaves through here.
-  open.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
-    res.set_content(c->MetricsText() + SecurityMetrics(), "text/plain; version=0.0.4");
-  });
+}
 
-  // Bodies over their route's limit are refused from the Content-Length
-  // header, before a byte of them is read.
-  open.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!req.has_header("Content-Length")) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string text = req.get_header_value("Content-Length");
-    char* end = nullptr;
-    const unsigned long long length = std::strtoull(text.c_str(), &end, 10);
-    const size_t limit = BodyLimit(req.method, req.path);
-    if (*end == '\0' && length <= limit) return httplib::Server::HandlerResponse::Unhandled;
-    const Status st = ResourceExhausted(req.method + " " + req.path + ": a body of " + text +
-                                        " bytes is over this route's limit of " + std::to_string(limit) + " bytes");
-    Refused(req.remote_addr, "body too large", st.message());
-    SendError(res, st);
-    res.set_header("Connection", "close");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  // A handler that throws (a bug) answers 500 naming what was thrown, so the
-  // agent's log says more than "HTTP 500".
-  open.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
+Admission HttpServer::Admit(HttpRequest& head) {
+  Admission a;
+  auto refuse = [&a](const Status& s) {
+    a.refuse.emplace();
+    SendError(*a.refuse, s);
+    return a;
+  };
+  const Route* route = nullptr;
+  for (const Route& r : routes_) {
+    std::smatch m;
+    if (r.method == head.method && std::regex_match(head.path, m, r.pattern)) {
+      head.matches.assign(m.begin(), m.end());
+      route = &r;
+      break;
     }
-    res.status = 500;
-    res.set_content(json{{"error", req.method + " " + req.path + ": internal error: " + what}}.dump(
-                        -1, ' ', false, json::error_handler_t::replace),
-                    "application/json");
-  });
-
-  // Unknown routes and httplib's own errors still answer {"error": ...}.
-  open.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const std::string what = res.status == 404 ? "no such route" : "HTTP " + std::to_string(res.status);
+  }
+  if (route == nullptr) {
     // ReplyText: the path may hold bytes that are not UTF-8 (GET /%FF).
-    res.set_content(ReplyText({{"error", req.method + " " + req.path + ": " + what + " (see docs/CONTROL_PLANE.md)"}}),
-                    "application/json");
-  });
+    return refuse(NotFound(head.method + " " + Excerpt(head.path, 256) + ": no such route (see docs/CONTROL_PLANE.md)"));
+  }
+  // The declared length first: a body over the route's limit is refused
+  // the same way, signed or not, and never read.
+  a.body_limit = BodyLimit(head.method, head.path);
+  const std::string& length = head.Header("content-length");
+  if (!length.empty() && std::strtoull(length.c_str(), nullptr, 10) > a.body_limit) {
+    const Status st = ResourceExhausted(head.method + " " + head.path + ": a body of " + length +
+                                        " bytes is over this route's limit of " + std::to_string(a.body_limit) +
+                                        " bytes");
+    Refused(head.remote_addr, "body too large", st.message());
+    return refuse(st);
+  }
+  const bool check = route->guarded && verifier_ != nullptr;
+  RequestSignature sig;
+  if (check) {
+    sig = RequestSignature{head.Header(kTimestampHeader), head.Header(kNonceHeader), head.Header(kSignatureHeader),
+                           head.Header(kContentHashHeader)};
+    const Status st = verifier_->VerifyHead(head.method, head.target, sig);
+    if (!st.ok()) {
+      Refused(head.remote_addr, ReasonOf(st.message()), head.method + " " + head.path + ": " + st.message());
+      return refuse(st.WithContext(head.method + " " + head.path));
+    }
+  }
+  a.lane = route->lane;
+  a.handler = [this, route, check, sig = std::move(sig)](HttpRequest& req, HttpResponse& res) {
+    if (check) {
+      const Status st = RequestVerifier::VerifyBody(req.body, sig);
+      if (!st.ok()) {
+        Refused(req.remote_addr, ReasonOf(st.message()), req.method + " " + req.path + ": " + st.message());
+        return SendError(res, st.WithContext(req.method + " " + req.path));
+      }
+    }
+    route->handle(req, res);
+  };
+  return a;
 }
 
 Status HttpServer::Start() {
@@ -285,10 +284,6 @@ Status HttpServer::Start() {
   if (tls() != !options_.tls_key_file.empty()) {
     return InvalidArgument("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)");
   }
-  if (tls() && !server_->is_valid()) {
-    return InvalidArgument("TLS: cannot use certificate '" + options_.tls_cert_file + "' with key '" +
-                           options_.tls_key_file + "' (unreadable, not PEM, or the key does not match)");
-  }
   if (options_.secret.has_value()) {
     verifier_ = std::make_unique<RequestVerifier>(*options_.secret, options_.max_clock_skew_s);
   } else {
@@ -298,33 +293,29 @@ Status HttpServer::Start() {
                  "only. Pass --secret-file (or $%s) to require signed requests.\n",
                  options_.host.c_str(), kSecretFileEnv);
   }
-  server_->set_payload_max_length(BodyLimit("POST", "/v1/register/") + 1);
-  server_->set_read_timeout(std::chrono::duration<double>(options_.request_timeout_s));
-  server_->set_write_timeout(std::chrono::duration<double>(options_.request_timeout_s));
-  const size_t threads = static_cast<size_t>(std::max(options_.threads, 4));
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_->set_keep_alive_timeout(2);
-  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled
-  // into Debian's libcpp-httplib). Hundreds of agents connecting at once
-  // overflow it, and the connections the kernel then drops reach the agents
-  // as read errors. Remember the listening socket and widen its backlog.
-  server_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd_ = sock;
-  });
   InstallRoutes();
-  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
-                             : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (port_ < 0)
-    return Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
-                       " (address in use, or not an address of this host)");
-  if (listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) != 0)
-    return Unavailable("cannot widen the listen backlog on " + address() + ": " + std::strerror(errno));
-  listener_ = std::thread([this] { server_->listen_after_bind(); });
-  // Connections queue in the backlog from bind on; waiting for the loop
-  // only makes Start() mean "serving" for callers that check is_running.
-  for (int i = 0; i < 2000 && !server_->is_running(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ReactorOptions ro;
+  ro.host = options_.host;
+  ro.port = options_.port;
+  ro.lane_threads = {static_cast<size_t>(std::max(options_.control_threads, 2)),
+                     static_cast<size_t>(std::max(options_.threads, 4))};
+  ro.request_timeout_s = options_.request_timeout_s;
+  ro.keep_alive_s = options_.keep_alive_s;
+  ro.max_connections = options_.max_connections;
+  ro.max_connections_per_address = options_.max_connections_per_address;
+  ro.max_body_bytes_in_flight = options_.max_body_bytes_in_flight;
+  ro.tls_cert_file = options_.tls_cert_file;
+  ro.tls_key_file = options_.tls_key_file;
+  reactor_ = std::make_unique<HttpReactor>(
+      ro, [this](HttpRequest& head) { return Admit(head); },
+      [this](const std::string& remote, const std::string& reason, const std::string& what) {
+        Refused(remote, reason, what);
+      });
+  Status started = reactor_->Start();
+  if (!started.ok()) {
+    reactor_.reset();
+    return started;
+  }
   ticker_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(tick_mu_);
     const auto period = std::chrono::duration<double>(options_.tick_s);
@@ -348,8 +339,7 @@ void HttpServer::Stop() {
   tick_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   controller_->Shutdown();
-  server_->stop();
-  if (listener_.joinable()) listener_.join();
+  if (reactor_) reactor_->Stop();
 }
 
 }  // namespace wsync::controller

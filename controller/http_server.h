@@ -1,12 +1,13 @@
-// The control plane's HTTP/JSON front end (docs/CONTROL_PLANE.md) over
-// cpp-httplib: binds each route to its handler (http_handlers.h, which
-// decodes the request and calls the Controller) and maps Status codes onto
-// HTTP status codes.
+// The control plane's HTTP/JSON front end (docs/CONTROL_PLANE.md): binds
+// each route to its handler (http_handlers.h, which decodes the request and
+// calls the Controller), checks signatures before a body is read, and maps
+// Status codes onto HTTP status codes. Connections, deadlines and the
+// worker lanes are http_reactor.h's.
 //
 // Used by `wsync controller` (cli/controller_command.cc) and by tests, which
-// run it in-process on port 0. Owns a listener thread, httplib's worker pool
-// (long polls hold a worker each, so the pool is sized for every agent
-// waiting at once) and a ticker thread that drives deadlines.
+// run it in-process on port 0. Owns the reactor (its thread and two lanes:
+// heartbeats, version reports and gates on one, everything else, long polls
+// included, on the other) and a ticker thread that drives deadlines.
 #pragma once
 
 #include <atomic>
@@ -19,21 +20,20 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "controller/auth.h"
 #include "controller/controller.h"
-
-namespace httplib {
-class Server;
-}
+#include "controller/http_reactor.h"
 
 namespace wsync::controller {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;          // 0: pick a free port; port() tells which
-  int threads = 64;      // worker threads; at least one per concurrent long poll
+  int threads = 64;      // workers of the general lane; at least one per concurrent long poll
+  int control_threads = 8;  // workers of the lane of heartbeats, version reports and gates
   double tick_s = 0.2;   // how often deadlines are checked without a request
   // Every route but /healthz and /metrics then needs a request signed with
   // it (controller/auth.h). Without one the server is open and Start()
@@ -45,14 +45,26 @@ struct ServerOptions {
   // (ClientOptions::tls_ca_file); plain HTTP is not served beside it.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // Time to receive one request's headers and body, and to send an answer
-  // (long polls wait on top of it); a client slower than this is dropped.
+  // Time to receive one whole request (head and body, from its first byte
+  // or from the connection's accept), and to send an answer (long polls
+  // wait on top of it); a client slower than this is answered 408 and
+  // dropped.
   double request_timeout_s = 10;
+  // An idle connection between requests is closed after this.
+  double keep_alive_s = 5;
+  // Open connections, in total and from one source address; past either,
+  // a new connection is answered 503 with Retry-After and closed.
+  size_t max_connections = 4096;
+  size_t max_connections_per_address = 256;
+  // Request bodies being read at once, over all connections (503 past it).
+  size_t max_body_bytes_in_flight = size_t{512} << 20;
 };
 
 // The largest body each route accepts (413 beyond it, refused before it is
-// read): a registration gets 16 MiB (a Kimi-K2 rank's is about 0.2 MB),
-// rendezvous values and version reports 1 MiB, everything else 64 KiB.
+// read, or as soon as a chunked body crosses it): a registration gets
+// 16 MiB (a Kimi-K2 rank's is about 0.2 MB), rendezvous values and version
+// reports 1 MiB, a trainer_done with its checksums 16 MiB, everything else
+// 64 KiB.
 size_t BodyLimit(const std::string& method, const std::string& path);
 
 class HttpServer {
@@ -69,22 +81,28 @@ class HttpServer {
   // Idempotent.
   void Stop();
 
-  int port() const { return port_; }
-  std::string address() const { return options_.host + ":" + std::to_string(port_); }
+  int port() const { return reactor_ ? reactor_->port() : -1; }
+  size_t open_connections() const { return reactor_ ? reactor_->open_connections() : 0; }
+  // Workers running a handler now: the control lane (heartbeats, version
+  // reports, gates) and the general one (everything else, long polls too).
+  size_t busy_control_workers() const { return reactor_ ? reactor_->busy_workers(0) : 0; }
+  size_t busy_general_workers() const { return reactor_ ? reactor_->busy_workers(1) : 0; }
+  std::string address() const { return options_.host + ":" + std::to_string(port()); }
   bool tls() const { return !options_.tls_cert_file.empty(); }
 
  private:
+  struct Route;
   void InstallRoutes();
+  // The reactor's question once a head is in: which route, may it be read.
+  Admission Admit(HttpRequest& head);
   // Refusals are logged once per (client address, reason), counted always.
   void Refused(const std::string& remote, const std::string& reason, const std::string& line);
   std::string SecurityMetrics();
 
   Controller* const controller_;
   const ServerOptions options_;
-  std::unique_ptr<httplib::Server> server_;
-  int port_ = -1;
-  int listen_fd_ = -1;  // the listening socket, set while binding
-  std::thread listener_;
+  std::vector<Route> routes_;
+  std::unique_ptr<HttpReactor> reactor_;
   std::thread ticker_;
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;

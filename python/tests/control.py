@@ -21,6 +21,7 @@ def signed(address, secret_file, method, target, body=None):
     canonical = "\n".join(["wsync-hmac-sha256-v1", method, target, ts, nonce, hashlib.sha256(data).hexdigest()])
     req = urllib.request.Request(f"http://{address}{target}", data=data if body is not None else None, method=method,
                                  headers={"X-Wsync-Timestamp": ts, "X-Wsync-Nonce": nonce,
+                                          "X-Wsync-Content-Sha256": hashlib.sha256(data).hexdigest(),
                                           "X-Wsync-Signature": hmac.new(key, canonical.encode(),
                                                                         hashlib.sha256).hexdigest(),
                                           "Content-Type": "application/json"})

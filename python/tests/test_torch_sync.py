@@ -107,6 +107,7 @@ class Job:
         canonical = "\n".join(["wsync-hmac-sha256-v1", "GET", target, ts, nonce, hashlib.sha256(b"").hexdigest()])
         req = urllib.request.Request(f"http://{self.address}{target}", headers={
             "X-Wsync-Timestamp": ts, "X-Wsync-Nonce": nonce,
+            "X-Wsync-Content-Sha256": hashlib.sha256(b"").hexdigest(),
             "X-Wsync-Signature": hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()})
         with urllib.request.urlopen(req) as r:
             return json.loads(r.read())

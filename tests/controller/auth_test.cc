@@ -110,7 +110,10 @@ class AuthServerTest : public ControllerTest {
   }
 
   static httplib::Headers Headers(const RequestSignature& s) {
-    return {{kTimestampHeader, s.timestamp}, {kNonceHeader, s.nonce}, {kSignatureHeader, s.signature}};
+    return {{kTimestampHeader, s.timestamp},
+            {kNonceHeader, s.nonce},
+            {kSignatureHeader, s.signature},
+            {kContentHashHeader, s.content_sha256}};
   }
 
   uint64_t Refused(const std::string& reason) {
