@@ -11,6 +11,8 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev libibverbs-dev rdma-core
   libgloo-dev libcpp-httplib-dev libssl-dev
   iproute2 procps
+  # scripts/load_test.py (standard library only), scripts/python_env.sh
+  python3 python3-venv
   # scripts/fuzz.sh: clang, and libFuzzer's runtime for it (on Debian 12
   # -fsanitize=fuzzer links libclang_rt.fuzzer from libclang-rt-14-dev)
   clang libclang-rt-14-dev

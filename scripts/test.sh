@@ -29,6 +29,13 @@ VENV=$(bash scripts/python_env.sh)
 # run and docs/CONTROL_PLANE.md for the figures).
 echo "test: short chaos run (10 faults, about a minute; scripts/chaos.sh runs 200)"
 "$BUILD_DIR/cli/wsync" chaos --faults 10 --seed 3 --max-seconds 300 --allow-unrecovered
+# The controller under attack during a running version (issue 29): 1,000
+# idle connections, 80 slowloris clients and a flood of unsigned 16 MiB
+# bodies; the version must complete, signed requests be answered within 1 s
+# at p99, and the controller's RSS stay under 256 MB. Its last line is the
+# figures as JSON.
+echo "test: controller load test (scripts/load_test.py, 20 s of attack)"
+python3 scripts/load_test.py --wsync "$BUILD_DIR/cli/wsync" --seconds 20
 # Every parser of external input under libFuzzer + ASan/UBSan for a few
 # seconds each (a clang build of its own in build-fuzz; docs/FUZZING.md).
 echo "test: fuzz targets (scripts/fuzz.sh, ${FUZZ_SECONDS:-10} s each)"
