@@ -108,6 +108,16 @@ StatusOr<VersionRecord*> VersionTracker::GetOrStart(uint64_t v, Clock::time_poin
     }
     return &it->second;
   }
+  if (!explicit_start) {
+    // Only a started version can be reported on: a report of a number
+    // nobody started (a typo, a stray or hostile client) must not start it,
+    // nor, once done, stand as the latest complete version that refuses
+    // every real one after it.
+    const bool long_gone = !records_.empty() && v < records_.begin()->first;
+    return NotFound("version " + std::to_string(v) +
+                    (long_gone ? " finished long ago (its record is gone)"
+                               : " was never started (a trainer rank starts a version before anyone reports on it)"));
+  }
   if (has_complete_ && v <= latest_complete_)
     return FailedPrecondition("version " + std::to_string(v) + " is not above the latest complete version " +
                               std::to_string(latest_complete_) + "; use a higher version number");

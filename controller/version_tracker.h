@@ -96,8 +96,8 @@ class VersionTracker {
   // Starts `v` (idempotent while it runs). FailedPrecondition if it already
   // finished or is not above the latest complete version.
   StatusOr<const VersionRecord*> Start(uint64_t v, Clock::time_point now);
-  // Reports; an unknown version is started implicitly (a report may overtake
-  // the start call). Reports on a finished version are recorded only.
+  // Reports. NotFound for a version that was never started (a report never
+  // starts one). Reports on a finished version are recorded only.
   // InvalidArgument (nothing recorded) for malformed `stats.checksums`.
   StatusOr<const VersionRecord*> TrainerDone(uint64_t v, int32_t rank, bool ok,
                                              const std::string& error, Clock::time_point now,

@@ -71,6 +71,7 @@ TEST_F(ControllerTest, FailureNamesTheRankAndIsFinal) {
       << late.status().ToString();
 
   // An inference-side failure, through the fail endpoint.
+  ASSERT_TRUE(client_->StartVersion(3, 0).ok());
   v = client_->ReportFailure(3, Role::kInference, 1, "immediate count short by 2");
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->failed());
@@ -225,11 +226,39 @@ TEST(VersionTrackerTest, DeadlineIsCheckedEvenWhenTheLastReportArrivesLate) {
 TEST(VersionTrackerTest, OldVersionNumbersAreRefusedAfterACompleteOne) {
   VersionTracker t(1, 1, 10.0);
   const auto t0 = VersionTracker::Clock::now();
-  ASSERT_TRUE(t.InferenceDone(10, 0, true, "", t0).ok());  // implicit start, then complete
+  ASSERT_TRUE(t.Start(10, t0).ok());
+  ASSERT_TRUE(t.InferenceDone(10, 0, true, "", t0).ok());
   EXPECT_TRUE(t.has_complete());
   EXPECT_EQ(t.latest_complete(), 10u);
   EXPECT_FALSE(t.Start(9, t0).ok());
   EXPECT_TRUE(t.Start(11, t0).ok());
+}
+
+// Issue #29: a report of a version nobody started (2^64-1 from a "-1" in a
+// path, a stray or hostile client) used to start it and, once done, stand as
+// the latest complete version that refused every real one after it.
+TEST(VersionTrackerTest, AReportNeverStartsAVersion) {
+  VersionTracker t(1, 1, 10.0);
+  const auto t0 = VersionTracker::Clock::now();
+  const uint64_t huge = UINT64_MAX;
+  for (auto report : {+[](VersionTracker& t, uint64_t v, VersionTracker::Clock::time_point now) {
+                        return t.InferenceDone(v, 0, true, "", now).status();
+                      },
+                      +[](VersionTracker& t, uint64_t v, VersionTracker::Clock::time_point now) {
+                        return t.TrainerDone(v, 0, true, "", now, nlohmann::json()).status();
+                      },
+                      +[](VersionTracker& t, uint64_t v, VersionTracker::Clock::time_point now) {
+                        return t.Fail(v, "inference", 0, "x", now).status();
+                      }}) {
+    const wsync::Status s = report(t, huge, t0);
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+    EXPECT_NE(s.message().find("was never started"), std::string::npos) << s.message();
+  }
+  EXPECT_FALSE(t.has_complete());
+  EXPECT_TRUE(t.records().empty());
+  ASSERT_TRUE(t.Start(1, t0).ok());  // real versions still start
+  ASSERT_TRUE(t.InferenceDone(1, 0, true, "", t0).ok());
+  EXPECT_EQ(t.latest_complete(), 1u);
 }
 
 // The inference agents' long poll: GET /v1/status with the fingerprint of
