@@ -164,9 +164,18 @@ Status Controller::LoadStateLocked() {
     return FailedPrecondition(where + ": re-planning the persisted world gives plan " + plan->plan_id +
                               ", not the persisted " + world->plan_id +
                               " (the planner changed?); use a fresh --state-dir and restart every agent");
+  // plan.json is derived from world.json: one that is missing or differs
+  // is written again, and said so.
+  WSYNC_ASSIGN_OR_RETURN(std::string plan_file_wrong, store_.CheckPlanFile(plan_text));
+  if (!plan_file_wrong.empty())
+    Log(where + ": plan.json was " + plan_file_wrong + "; written again from world.json (plan " + plan->plan_id + ")");
+  WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
+  if (world->versions_required && !v.found)
+    return FailedPrecondition(where + ": versions.json is missing, so the latest complete version is unknown "
+                              "(serving on would let an older version number count as new); put it back, or use "
+                              "a fresh --state-dir and restart every agent");
   InstallPlanLocked(plan);
   epoch_ = world->epoch;
-  WSYNC_ASSIGN_OR_RETURN(PersistedVersions v, store_.LoadVersions());
   if (v.has_complete) versions_.RestoreLatestComplete(v.latest_complete, v.update_seconds, v.finished_unix);
   if (v.landed != 0) {
     versions_.RestoreLanded(v.landed, v.committing, Clock::now());
@@ -415,6 +424,9 @@ StatusOr<json> Controller::NewEpochLocked(Role role, int32_t rank,
     plan->inference = std::move(inference->first);
     plan->inference_text = std::move(inference->second);
   }
+  if (epoch_ >= kMaxEpoch)
+    return FailedPrecondition("registration epoch " + std::to_string(epoch_) +
+                              " is at its bound; restart the job with a fresh --state-dir");
   const uint64_t epoch = epoch_ + 1;
   const json mapping = ToJson(options_.mapping);
   // Persist first: a restarted controller must serve what agents now hold.

@@ -24,15 +24,34 @@ namespace {
 constexpr char kStateSchema[] = "wsync.controller_state/v1";
 constexpr char kVersionsSchema[] = "wsync.controller_versions/v1";
 
-// Reads `path` as JSON; nullopt if the file does not exist.
-StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path) {
+// The bytes of `path`: nullopt if it does not exist; refused if it is not a
+// regular file (a link to /dev/zero) or holds more than `max_bytes`, which
+// is also all that is ever read of it.
+StatusOr<std::optional<std::string>> ReadBounded(const std::string& path, uint64_t max_bytes) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<json>();
-  std::ifstream in(path);
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return std::optional<std::string>();
+  if (ec || st.type() != std::filesystem::file_type::regular)
+    return InvalidArgument(path + ": not a regular file; the state dir is damaged, start with a fresh --state-dir");
+  std::ifstream in(path, std::ios::binary);
   if (!in) return Internal(path + ": cannot open: " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  StatusOr<json> j = ParseJsonText(text.str(), path);
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(in.gcount()));
+    if (text.size() > max_bytes)
+      return InvalidArgument(path + ": over " + std::to_string(max_bytes >> 20) +
+                             " MiB, more than this controller ever writes; the state dir is damaged, start with a "
+                             "fresh --state-dir");
+  }
+  return std::optional<std::string>(std::move(text));
+}
+
+// Reads `path` as JSON; nullopt if the file does not exist.
+StatusOr<std::optional<json>> ReadOptionalJson(const std::string& path, uint64_t max_bytes) {
+  WSYNC_ASSIGN_OR_RETURN(std::optional<std::string> text, ReadBounded(path, max_bytes));
+  if (!text) return std::optional<json>();
+  StatusOr<json> j = ParseJsonText(*text, path);
   if (!j.ok())
     return InvalidArgument(j.status().message() + "; the state dir is damaged, start with a fresh --state-dir");
   return std::optional<json>(std::move(j).value());
@@ -74,6 +93,10 @@ Status StateStore::Init() {
 
 Status StateStore::SaveWorld(const WorldToSave& world, const std::string& plan_text) {
   if (dir_.empty()) return Status::Ok();
+  // world.json says versions.json is required: it exists before world.json
+  // does (no version complete yet at the first plan).
+  std::error_code ec;
+  if (!std::filesystem::exists(Path("versions.json"), ec)) WSYNC_RETURN_IF_ERROR(SaveVersions(PersistedVersions{}));
   // The two files (~130 MB at Kimi-K2 scale) written and synced at once.
   std::future<Status> plan =
       std::async(std::launch::async, [&] { return WriteLineAtomically(Path("plan.json"), plan_text); });
@@ -86,7 +109,8 @@ Status StateStore::SaveWorldFile(const WorldToSave& world) const {
   const json head = {{"schema", kStateSchema},
                      {"world", {{"trainers", world.trainer_ranks}, {"inference", world.inference_ranks}}},
                      {"plan_id", world.plan_id},
-                     {"epoch", world.epoch}};
+                     {"epoch", world.epoch},
+                     {"versions_required", true}};
   auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
   // Synced like plan.json: a controller restarted after a crash must not
   // find a plan without the world it was made for.
@@ -98,7 +122,7 @@ Status StateStore::SaveWorldFile(const WorldToSave& world) const {
 StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
   if (dir_.empty()) return std::optional<PersistedWorld>();
   const std::string path = Path("world.json");
-  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
+  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path, kMaxWorldBytes));
   if (!j) return std::optional<PersistedWorld>();
   const json& s = *j;
   // Every type checked before a get(): json::value() throws on a mismatch.
@@ -120,9 +144,15 @@ StatusOr<std::optional<PersistedWorld>> StateStore::LoadWorld() const {
   w.mapping = s["mapping"];
   w.plan_id = s["plan_id"].get<std::string>();
   if (s.contains("epoch")) {  // absent in state dirs written before epochs: 1
-    if (!s["epoch"].is_number_unsigned() || s["epoch"].get<uint64_t>() == 0)
-      return InvalidArgument(path + ": 'epoch' must be a positive integer; start with a fresh --state-dir");
+    if (!s["epoch"].is_number_unsigned() || s["epoch"].get<uint64_t>() == 0 ||
+        s["epoch"].get<uint64_t>() > kMaxEpoch)
+      return InvalidArgument(path + ": 'epoch' must be an integer from 1 to 2^62; start with a fresh --state-dir");
     w.epoch = s["epoch"].get<uint64_t>();
+  }
+  if (s.contains("versions_required")) {
+    if (!s["versions_required"].is_boolean())
+      return InvalidArgument(path + ": 'versions_required' must be true or false; start with a fresh --state-dir");
+    w.versions_required = s["versions_required"].get<bool>();
   }
   return std::optional<PersistedWorld>(std::move(w));
 }
@@ -142,8 +172,9 @@ StatusOr<PersistedVersions> StateStore::LoadVersions() const {
   PersistedVersions v;
   if (dir_.empty()) return v;
   const std::string path = Path("versions.json");
-  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path));
+  WSYNC_ASSIGN_OR_RETURN(std::optional<json> j, ReadOptionalJson(path, kMaxVersionsBytes));
   if (!j) return v;
+  v.found = true;
   // Types checked first: json::value() throws on a mismatch.
   auto absent_or = [&](const char* key, bool (json::*is)() const noexcept) {
     return !j->contains(key) || ((*j)[key].*is)();
@@ -170,6 +201,24 @@ StatusOr<PersistedVersions> StateStore::LoadVersions() const {
     for (const json& r : l["committing"]) v.committing.push_back(r.get<int32_t>());
   }
   return v;
+}
+
+StatusOr<std::string> StateStore::CheckPlanFile(const std::string& plan_text) {
+  if (dir_.empty()) return std::string();
+  const std::string path = Path("plan.json");
+  // A plan.json bigger than the plan (plus its newline) is wrong unread.
+  StatusOr<std::optional<std::string>> text = ReadBounded(path, plan_text.size() + 1);
+  std::string wrong;
+  if (!text.ok()) {
+    wrong = "unreadable or larger than the plan";
+  } else if (!text->has_value()) {
+    wrong = "missing";
+  } else if (**text != plan_text + "\n") {
+    wrong = "not the plan of world.json (edited, or from another world)";
+  }
+  if (wrong.empty()) return wrong;
+  WSYNC_RETURN_IF_ERROR(WriteLineAtomically(path, plan_text));
+  return wrong;
 }
 
 }  // namespace wsync::controller

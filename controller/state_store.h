@@ -9,7 +9,13 @@
 //                   presence is the commit point: no world.json, no plan.
 //                   world.json is rewritten, with the epoch, when an
 //                   inference rank re-registers with new memory.
-//   versions.json   latest complete version and its update time.
+//   versions.json   latest complete version and its update time; written
+//                   with the first world.json, and required from then on
+//                   (world.json says so): without it a restart would forget
+//                   the latest complete version.
+// On restart every file is checked: read only if it is a regular file
+// within its size bound (kMaxWorldBytes, kMaxVersionsBytes), world.json and
+// versions.json by schema, plan.json against the world (CheckPlanFile).
 // Used by Controller only, under its mutex.
 #pragma once
 
@@ -34,7 +40,15 @@ struct PersistedWorld {
   // Registration epoch: 1 at planning, +1 each time an inference rank
   // registers again with new memory (descriptors) after the plan exists.
   uint64_t epoch = 1;
+  // versions.json must exist (false only in dirs written before it did).
+  bool versions_required = false;
 };
+
+// Bounds on what a restart reads (world.json at Kimi-K2 scale: ~55 MB).
+inline constexpr uint64_t kMaxWorldBytes = uint64_t{1} << 30;
+inline constexpr uint64_t kMaxVersionsBytes = uint64_t{1} << 20;
+// Epochs stop here rather than wrap (a re-registration past it is refused).
+inline constexpr uint64_t kMaxEpoch = uint64_t{1} << 62;
 
 // What SaveWorld writes, by reference: at Kimi-K2 scale the specs are tens
 // of MB of JSON trees, not to be copied on their way to disk.
@@ -58,6 +72,7 @@ struct PersistedVersions {
   // still hold the next version back until they have.
   uint64_t landed = 0;
   std::vector<int32_t> committing;
+  bool found = false;  // LoadVersions: versions.json exists
 };
 
 class StateStore {
@@ -71,6 +86,10 @@ class StateStore {
   StatusOr<std::optional<PersistedWorld>> LoadWorld() const;
   Status SaveVersions(const PersistedVersions& versions);
   StatusOr<PersistedVersions> LoadVersions() const;
+  // plan.json against `plan_text`, the plan re-made from world.json: a
+  // missing or different file (deleted, edited, from another world) is
+  // written again from it. Returns what was wrong ("" if nothing).
+  StatusOr<std::string> CheckPlanFile(const std::string& plan_text);
 
   const std::string& dir() const { return dir_; }
 

@@ -8,6 +8,10 @@
 #include <fstream>
 
 #include "controller/http_handlers.h"
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include "controller_fixture.h"
 
 namespace wsync::controller::testing {
@@ -147,6 +151,71 @@ TEST_F(ControllerTest, StateDirWithWrongTypesIsRefusedInOneLine) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(),
             versions_path + ": not a wsync.controller_versions/v1 document; start with a fresh --state-dir");
+}
+
+// Issue #29, item 6: every file of the state dir is checked on restart.
+TEST_F(ControllerTest, EveryStateFileIsCheckedOnRestart) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(1, 0).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 0, Status::Ok()).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(1, 1, Status::Ok())->complete());
+  StopServer();
+  const std::filesystem::path plan = state_dir_ / "plan.json", versions = state_dir_ / "versions.json",
+                              world = state_dir_ / "world.json";
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string plan_text = read(plan), versions_text = read(versions), world_text = read(world);
+
+  // plan.json deleted, then edited: written again from world.json, and said so.
+  for (const std::string& damage : {std::string(), plan_text.substr(0, plan_text.size() / 2) + "\n"}) {
+    if (damage.empty()) std::filesystem::remove(plan);
+    else std::ofstream(plan, std::ios::binary) << damage;
+    {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      log_.clear();
+    }
+    StatusOr<std::unique_ptr<Controller>> c = Controller::Create(Options());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(read(plan), plan_text);
+    std::lock_guard<std::mutex> lock(log_mu_);
+    bool said = false;
+    for (const std::string& line : log_) said |= line.find("plan.json was") != std::string::npos;
+    EXPECT_TRUE(said) << "the repair of plan.json was not logged";
+  }
+
+  // versions.json deleted: the latest complete version (1) would be
+  // forgotten and version 1 accepted again. Refused instead.
+  std::filesystem::remove(versions);
+  StatusOr<std::unique_ptr<Controller>> c = Controller::Create(Options());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("versions.json is missing"), std::string::npos) << c.status().message();
+  std::ofstream(versions, std::ios::binary) << versions_text;
+
+  // A state file that is not a regular file is never read (a link to
+  // /dev/zero grew the controller to 5 GB).
+  std::filesystem::remove(world);
+  std::filesystem::create_symlink("/dev/zero", world);
+  c = Controller::Create(Options());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("not a regular file"), std::string::npos) << c.status().message();
+  std::filesystem::remove(world);
+
+  // An epoch at the edge of wrapping is refused, not incremented to 0.
+  json w = json::parse(world_text);
+  w["epoch"] = UINT64_MAX;
+  std::ofstream(world, std::ios::binary) << w.dump();
+  c = Controller::Create(Options());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'epoch' must be an integer from 1 to 2^62"), std::string::npos)
+      << c.status().message();
+
+  // Put back whole, it is served again with version 1 remembered.
+  std::ofstream(world, std::ios::binary) << world_text;
+  StartServer();
+  EXPECT_EQ(Status()["latest_complete_version"], 1);
 }
 
 }  // namespace
