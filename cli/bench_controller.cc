@@ -98,7 +98,9 @@ int RunBenchController(const BenchControllerOptions& opt) {
   std::vector<std::string> argv = {
       demo::SelfExecutable(), "controller", "--listen", "127.0.0.1:0", "--state-dir", work + "/state",
       "--trainers", std::to_string(trainers), "--inference", std::to_string(inference), "--mapping",
-      mapping_path, "--secret-file", secret_path, "--world-timeout", "600"};
+      mapping_path, "--secret-file", secret_path, "--world-timeout", "600",
+      // 384 agents on one loopback address stand for 48 hosts of 8.
+      "--max-connections-per-address", "1024"};
   argv.push_back(opt.exchange ? "--exchange" : "--full-tensor");
   StatusOr<demo::ChildProcess> child = demo::ChildProcess::Spawn("controller", argv, work + "/controller.log");
   if (!child.ok()) return Fail(child.status().message());

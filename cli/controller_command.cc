@@ -37,6 +37,8 @@ struct ControllerCommandOptions {
   bool exchange = true;
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
   int threads = 0;
+  size_t max_connections = controller::ServerOptions{}.max_connections;
+  size_t max_connections_per_address = controller::ServerOptions{}.max_connections_per_address;
   std::string secret_file;
   std::string tls_cert;
   std::string tls_key;
@@ -107,6 +109,8 @@ int RunController(const ControllerCommandOptions& opt) {
   // Every agent may hold a long poll at once (plan, KV, version waits).
   server_options.threads =
       opt.threads > 0 ? opt.threads : std::max(64, 2 * (opt.trainers + opt.inference) + 16);
+  server_options.max_connections = opt.max_connections;
+  server_options.max_connections_per_address = opt.max_connections_per_address;
   controller::HttpServer server(ctl->get(), server_options);
   Status started = server.Start();
   if (!started.ok()) return Fail(started);
@@ -172,6 +176,12 @@ void AddControllerCommand(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--tls-key", opt->tls_key, "TLS: the private key of --tls-cert (PEM)")->check(CLI::ExistingFile);
   cmd->add_option("--threads", opt->threads, "HTTP worker threads (default: enough for every agent to long-poll)");
+  cmd->add_option("--max-connections", opt->max_connections,
+                  "open connections in all; one more is answered 503 with Retry-After (agents retry)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-address", opt->max_connections_per_address,
+                  "open connections from one source address (one host's agents and commands)")
+      ->capture_default_str();
   cmd->callback([cmd, opt] {
     // Given but empty (an unset variable in a script, say): refuse, rather
     // than serve unsigned with only a warning.

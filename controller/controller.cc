@@ -182,6 +182,11 @@ Status Controller::LoadStateLocked() {
     Log("version " + std::to_string(v.landed) + " had landed everywhere before the restart; waiting for " +
         std::to_string(v.committing.size()) + " shadow inference rank(s) to copy it out");
   }
+  if (v.running != 0 && v.running != v.landed && !(v.has_complete && v.running <= v.latest_complete)) {
+    if (versions_.Start(v.running, Clock::now()).ok())
+      Log("version " + std::to_string(v.running) + " was running at the restart; it runs on with a new deadline "
+          "(its ranks' reports complete or fail it)");
+  }
   Log("restored plan " + plan_->plan_id + " from " + store_.dir() + " (" + std::to_string(WriteCount(plan_->table.ops)) +
       " writes per update); latest complete version: " +
       (v.has_complete ? std::to_string(v.latest_complete) : std::string("none")) + "; epoch " +
@@ -754,8 +759,8 @@ Status Controller::CheckReportLocked(Role role, int32_t rank) const {
 }
 
 void Controller::LogVersionLocked(const VersionRecord& r) {
-  // A shadow version that had landed was persisted as such: it is over now.
-  if (r.landed && r.state == VersionState::kFailed) SaveVersionsLocked();
+  // A failed version was persisted as running (or landed): it is over now.
+  if (r.state == VersionState::kFailed) SaveVersionsLocked();
   if (r.state == VersionState::kComplete) {
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%.3f", r.seconds);
@@ -776,6 +781,9 @@ void Controller::SaveVersionsLocked() {
   if (const VersionRecord* r = versions_.Landed()) {
     v.landed = r->version;
     v.committing.assign(r->committing.begin(), r->committing.end());
+  }
+  for (const auto& [u, r] : versions_.records()) {
+    if (!r.finished() && !r.landed) v.running = u;  // one in flight
   }
   Status s = store_.SaveVersions(v);
   if (!s.ok()) Log("cannot persist versions: " + s.message());
@@ -821,6 +829,7 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r, versions_.Start(v, now));
   if (!known) {
     Log("version " + std::to_string(v) + " started by trainer rank " + std::to_string(rank));
+    SaveVersionsLocked();  // a restart runs it on: its ranks' reports still count
     cv_.notify_all();  // the inference agents' status long polls
     // A version that starts while a rank is lost cannot complete: say so now.
     for (const auto& [who, since] : lost_) FailVersionsOfLostLocked(who.first, who.second, LostReason(), now);

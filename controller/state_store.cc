@@ -165,6 +165,7 @@ Status StateStore::SaveVersions(const PersistedVersions& v) {
             {"update_seconds", v.update_seconds},
             {"finished_unix", v.finished_unix}};
   if (v.landed != 0) j["landed"] = {{"version", v.landed}, {"committing", v.committing}};
+  if (v.running != 0) j["running"] = v.running;
   return WriteJsonFile(j, Path("versions.json"), 1);
 }
 
@@ -181,13 +182,15 @@ StatusOr<PersistedVersions> StateStore::LoadVersions() const {
   };
   if (!j->is_object() || j->value("schema", json()) != kVersionsSchema ||
       !absent_or("has_complete", &json::is_boolean) || !absent_or("latest_complete", &json::is_number_unsigned) ||
-      !absent_or("update_seconds", &json::is_number) || !absent_or("finished_unix", &json::is_number))
+      !absent_or("update_seconds", &json::is_number) || !absent_or("finished_unix", &json::is_number) ||
+      !absent_or("running", &json::is_number_unsigned))
     return InvalidArgument(path + ": not a " + std::string(kVersionsSchema) +
                            " document; start with a fresh --state-dir");
   v.has_complete = j->value("has_complete", false);
   v.latest_complete = j->value("latest_complete", uint64_t{0});
   v.update_seconds = j->value("update_seconds", 0.0);
   v.finished_unix = j->value("finished_unix", 0.0);
+  v.running = j->value("running", uint64_t{0});
   if (j->contains("landed")) {
     const json& l = (*j)["landed"];
     const bool ok = l.is_object() && l.value("version", json()).is_number_unsigned() &&

@@ -72,6 +72,10 @@ struct PersistedVersions {
   // still hold the next version back until they have.
   uint64_t landed = 0;
   std::vector<int32_t> committing;
+  // The version running when this was written (0: none): a restarted
+  // controller runs it on, so that its ranks' reports still count (a report
+  // never starts a version).
+  uint64_t running = 0;
   bool found = false;  // LoadVersions: versions.json exists
 };
 

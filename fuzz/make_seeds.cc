@@ -209,6 +209,22 @@ void StateDir() {
   fs::remove_all(dir);
 }
 
+// http_request: requests as agents and attackers send them; the first byte
+// picks the size of the pieces the second feed uses.
+void HttpRequests() {
+  const std::string sig = "X-Wsync-Timestamp: 1800000000\r\nX-Wsync-Nonce: 00112233445566778899aabbccddeeff\r\n"
+                          "X-Wsync-Content-Sha256: " + std::string(64, 'a') + "\r\nX-Wsync-Signature: " +
+                          std::string(64, 'b') + "\r\n";
+  Seed("http_request", "get_status", "\x05GET /v1/status?since=abc&wait_ms=100 HTTP/1.1\r\nHost: c\r\n" + sig + "\r\n");
+  Seed("http_request", "post_length", "\x03POST /v1/heartbeat HTTP/1.1\r\nContent-Length: 27\r\n" + sig +
+                                          "\r\n{\"role\":\"trainer\",\"rank\":0}");
+  Seed("http_request", "put_chunked", "\x01PUT /v1/kv/a%2Fb HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                          "3;x=y\r\nabc\r\n0\r\nT: v\r\n\r\n");
+  Seed("http_request", "pipelined", "\x07GET /healthz HTTP/1.1\r\n\r\nGET /metrics HTTP/1.0\r\n\r\n");
+  Seed("http_request", "expect", "\x02POST /v1/register/inference HTTP/1.1\r\nExpect: 100-continue\r\n"
+                                     "Content-Length: 2\r\n\r\n{}");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -219,6 +235,7 @@ int main(int argc, char** argv) {
   Descriptors();
   ControllerScripts();
   StateDir();
+  HttpRequests();
   std::printf("fuzz_make_seeds: %d seed files under %s\n", written, out_dir.c_str());
   return 0;
 }

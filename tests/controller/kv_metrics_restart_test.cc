@@ -109,6 +109,29 @@ TEST_F(ControllerTest, RestartServesTheSamePlanAndRemembersTheLatestVersion) {
   EXPECT_TRUE(client_->ReportInferenceDone(4, 1, Status::Ok())->complete());
 }
 
+// A report never starts a version (issue #29), so the version in flight at a
+// controller restart is persisted when it starts and runs on after it: its
+// ranks' reports still count.
+TEST_F(ControllerTest, TheVersionRunningAtARestartRunsOnAndItsReportsCount) {
+  StartServer();
+  RegisterAll();
+  ASSERT_TRUE(client_->StartVersion(5, 0).ok());
+  ASSERT_TRUE(client_->ReportInferenceDone(5, 0, Status::Ok()).ok());  // lost with the restart
+  StopServer();
+  StartServer();
+  StatusOr<VersionStatus> v = client_->ReportInferenceDone(5, 1, Status::Ok());
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->state, "started");
+  v = client_->ReportInferenceDone(5, 0, Status::Ok());
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->complete());
+  // Finished, it is not running any more after the next restart.
+  StopServer();
+  StartServer();
+  EXPECT_EQ(Status()["latest_complete_version"], 5);
+  EXPECT_EQ(client_->ReportInferenceDone(6, 0, Status::Ok()).status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(ControllerTest, StateDirOfAnotherWorldIsRefused) {
   StartServer();
   RegisterAll();
