@@ -180,7 +180,7 @@ def greedy_tokens(model, prompts=PROMPTS, n=16):
     model.eval()
     out = []
     for prompt in prompts:
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
         new = []
         for _ in range(n):
             logits = model(input_ids=ids, use_cache=False).logits

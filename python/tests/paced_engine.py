@@ -29,7 +29,7 @@ import wsync  # noqa: E402
 
 
 def digest(tensors):
-    return {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    return {n: hashlib.sha256(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
             for n, t in tensors.items()}
 
 
@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--exit-in-update", type=int, default=0,
                     help="die abruptly inside the update() that would bring this version (a bad case)")
     ap.add_argument("--seconds", type=float, default=120.0, help="give up after this long")
+    ap.add_argument("--device", default=os.environ.get("WSYNC_TEST_ENGINE_DEVICE", "cpu"),
+                    help="where the model's tensors live (cuda: the writes land in GPU memory; the GPU run)")
     ap.add_argument("--stop-on-error", action="store_true", help="leave the loop after a failed update()")
     ap.add_argument("--exit-after", type=int, default=0,
                     help="die abruptly once the tensors hold this version (a bad case: a lost engine)")
@@ -71,12 +73,15 @@ def main():
     torch.set_num_threads(1)
 
     config, model = torch_models.small_llama(seed=99)
+    model.to(args.device)
     tensors = dict(model.state_dict())
     passes, updates, errors, states = [], [], [], States()
     out = os.path.join(args.out, f"paced-engine-{args.rank}.json")
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank, instance=args.rank,
                               timeout_s=args.timeout, shadow=args.shadow, paced=True) as agent:
-        print(f"engine {args.rank}: registered, paced ({'shadow' if args.shadow else 'live'})", flush=True)
+        print(f"engine {args.rank}: registered, paced ({'shadow' if args.shadow else 'live'}), tensors on "
+              f"{args.device}; the writes land {'in pinned host memory (host staging)' if agent.staged else 'in place'}",
+              flush=True)
         held = agent.complete_version
         start = time.monotonic()
         n = 0
