@@ -22,7 +22,7 @@ namespace {
 constexpr size_t kLimit = 4096;
 
 struct Outcome {
-  RequestParser::State state;
+  RequestParser::State state = RequestParser::State::kHead;
   int status = 0;
   std::string message, method, target, path, body;
   size_t headers = 0, params = 0, left = 0;
@@ -46,7 +46,8 @@ Outcome Run(const std::string& bytes, size_t step) {
   }
   if (p.state() == RequestParser::State::kHeadDone) p.ExpectBody(kLimit);
   const HttpRequest& r = p.request();
-  Outcome o{p.state()};
+  Outcome o;
+  o.state = p.state();
   if (p.state() == RequestParser::State::kError) {
     o.status = p.error().http_status;
     o.message = p.error().message;
