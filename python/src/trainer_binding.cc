@@ -114,17 +114,6 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
       LogLine(rank, "writes leave " + s->device_->name() + " through pinned host memory (host staging: " +
                         gpu->why_not + "); the slower path: one more copy of every written byte");
     }
-  } else if (fabric.provider == "shm") {
-    // Shards in host memory, peers maybe in GPU memory: over shm the writer
-    // itself copies into the peer's memory, so its endpoint needs FI_HMEM
-    // to reach device memory (without it every write answers FI_EAGAIN
-    // until it times out). Taken where this libfabric has it; plain
-    // otherwise. NICs (verbs, efa) write into device memory themselves.
-    StatusOr<transport::fabric::GpuEngine> engine =
-        transport::fabric::CreateLibfabricEngineForGpu(fabric, transport::fabric::GpuMemory::kDirectOrHost);
-    if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
-    fabric.enable_hmem = engine->cuda_memory;
-    s->engine_ = std::move(engine->engine);
   } else {
     StatusOr<std::unique_ptr<transport::Engine>> engine = transport::fabric::CreateLibfabricEngine(fabric);
     if (!engine.ok()) return engine.status().WithContext(me + ": starting the transport");
