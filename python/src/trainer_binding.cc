@@ -166,15 +166,20 @@ StatusOr<std::shared_ptr<PushState>> TrainerSession::Push(uint64_t v, std::vecto
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return FailedPrecondition(me + ": push(" + std::to_string(v) + ") after close()");
   }
-  if (last_ != nullptr) {
-    if (!last_->WaitReadsDone(std::chrono::milliseconds(0))) {
+  std::shared_ptr<PushState> last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = last_;
+  }
+  if (last != nullptr) {
+    if (!last->WaitReadsDone(std::chrono::milliseconds(0))) {
       return FailedPrecondition(me + ": push(" + std::to_string(v) + ") while version " +
-                                std::to_string(last_->version()) +
+                                std::to_string(last->version()) +
                                 " is still reading the weights; call its handle's wait_reads_done() first");
     }
-    if (v <= last_->version()) {
+    if (v <= last->version()) {
       return InvalidArgument(me + ": push(" + std::to_string(v) + ") after version " +
-                             std::to_string(last_->version()) + "; versions must grow");
+                             std::to_string(last->version()) + "; versions must grow");
     }
   }
   JoinPrevious();  // its writes may still be landing; the executor runs one version at a time
@@ -215,6 +220,7 @@ Status TrainerSession::Replan(bool new_engine) {
   StatusOr<controller::TrainerPlanSlice> slice = client_.FetchTrainerPlan(rank_, Clock::now() + config_.timeout);
   if (!slice.ok()) return slice.status().WithContext(me + ": fetching the plan of the new epoch");
   const trainer_agent::EngineFactory make = [this] { return transport::fabric::CreateLibfabricEngine(fabric_options_); };
+  std::lock_guard<std::mutex> lock(plan_mu_);  // Describe() must not read them half replaced
   return trainer_agent::RebuildExecutor(std::move(slice).value(), groups_.get(), executor_options_,
                                         new_engine ? &make : nullptr, me,
                                         [this](const std::string& line) { LogLine(rank_, line); }, engine_, executor_,
@@ -237,6 +243,7 @@ void TrainerSession::Close() {
     closed_ = true;
   }
   JoinPrevious();
+  std::lock_guard<std::mutex> lock(plan_mu_);
   executor_.reset();
   heartbeat_.reset();
   engine_.reset();
@@ -244,6 +251,7 @@ void TrainerSession::Close() {
 }
 
 nlohmann::json TrainerSession::Describe() const {
+  std::lock_guard<std::mutex> lock(plan_mu_);  // Replan() may be swapping executor_ and engine_
   nlohmann::json j = {{"rank", rank_}, {"plan_id", plan_id_}};
   if (executor_ != nullptr) {
     const TrainerRankPlan& p = executor_->plan();

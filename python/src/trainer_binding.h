@@ -144,6 +144,10 @@ class TrainerSession {
   ExecutorOptions executor_options_;  // kept for Replan()
   transport::fabric::LibfabricOptions fabric_options_;  // kept for Replan(true)
   std::unique_ptr<DeviceOps> device_;  // before engine_ and executor_: the arena is its memory
+  // engine_ and executor_ are replaced only by Replan() (the push thread) and
+  // Close(), under plan_mu_; Describe() reads them under it. The push
+  // thread's own uses need no lock: nothing else replaces them meanwhile.
+  mutable std::mutex plan_mu_;
   std::unique_ptr<transport::Engine> engine_;
   std::unique_ptr<GroupFactory> groups_;
   std::unique_ptr<controller::HeartbeatSender> heartbeat_;
