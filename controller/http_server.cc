@@ -7,7 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <regex>
 
 #include "controller/http_handlers.h"
 
@@ -70,6 +69,37 @@ void Send(HttpResponse& res, const StatusOr<json>& r) {
 constexpr size_t kControlLane = 0;
 constexpr size_t kGeneralLane = 1;
 
+// Route patterns (no std::regex: nothing to compile per server, no locale
+// in the path of every request). "{}" matches one non-empty path segment;
+// "{+}", at most once, one or more characters that may hold '/' (a KV key);
+// everything else literally. Captures come out in order.
+bool MatchPath(const std::string& pattern, const std::string& path, std::vector<std::string>* captures) {
+  const size_t rest = pattern.find("{+}");
+  if (rest != std::string::npos) {
+    const std::string prefix = pattern.substr(0, rest), suffix = pattern.substr(rest + 3);
+    if (path.size() <= prefix.size() + suffix.size() || path.compare(0, prefix.size(), prefix) != 0 ||
+        path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return false;
+    captures->push_back(path.substr(prefix.size(), path.size() - prefix.size() - suffix.size()));
+    return true;
+  }
+  size_t p = 0, q = 0;
+  while (p < pattern.size()) {
+    if (pattern.compare(p, 2, "{}") == 0) {
+      const size_t end = std::min(path.find('/', q), path.size());
+      if (end == q) return false;  // an empty segment
+      captures->push_back(path.substr(q, end - q));
+      p += 2;
+      q = end;
+    } else {
+      if (q >= path.size() || path[q] != pattern[p]) return false;
+      ++p;
+      ++q;
+    }
+  }
+  return q == path.size();
+}
+
 }  // namespace
 
 size_t BodyLimit(const std::string& method, const std::string& path) {
@@ -124,7 +154,7 @@ std::string HttpServer::SecurityMetrics() {
 
 struct HttpServer::Route {
   std::string method;
-  std::regex pattern;  // the whole (decoded) path
+  std::string pattern;  // the whole (decoded) path; see MatchPath
   bool guarded;        // signed requests only, when there is a secret
   size_t lane;
   std::function<void(const HttpRequest&, HttpResponse&)> handle;
@@ -139,7 +169,7 @@ void HttpServer::InstallRoutes() {
   Controller* c = controller_;
   auto add = [this](std::string method, const char* pattern, bool guarded, size_t lane,
                     std::function<void(const HttpRequest&, HttpResponse&)> handle) {
-    routes_.push_back(Route{std::move(method), std::regex(pattern), guarded, lane, std::move(handle)});
+    routes_.push_back(Route{std::move(method), pattern, guarded, lane, std::move(handle)});
   };
   // Every route but /healthz and /metrics is guarded: with a job secret, an
   // unsigned, forged, altered, stale or replayed request is refused (401)
@@ -183,29 +213,29 @@ void HttpServer::InstallRoutes() {
   });
 
   // Gloo rendezvous store: raw values, long-polled reads, counters.
-  add("POST", R"(/v1/kv/(.+)/add)", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+  add("POST", "/v1/kv/{+}/add", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleKvAdd(*c, req.matches[1], req.path, req.body));
   });
-  add("PUT", R"(/v1/kv/(.+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+  add("PUT", "/v1/kv/{+}", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     c->KvSet(req.matches[1], req.body);
     SendJson(res, 200, json::object());
   });
-  add("GET", R"(/v1/kv/(.+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+  add("GET", "/v1/kv/{+}", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     StatusOr<std::string> value = c->KvGet(req.matches[1], WaitParam(req.Param("wait_ms"), kDefaultWaitMs));
     if (!value.ok()) return SendError(res, value.status());
     res.content_type = "application/octet-stream";
     res.body = std::move(value).value();
   });
 
-  add("POST", R"(/v1/versions/([^/]+)/(start|trainer_done|inference_done|inference_committed|fail))", true,
+  add("POST", "/v1/versions/{}/{}", true,
       kControlLane, [c](const HttpRequest& req, HttpResponse& res) {
         Send(res, HandleVersionReport(*c, req.matches[1], req.matches[2], req.path, req.body));
       });
-  add("GET", R"(/v1/versions/([^/]+)/checksums)", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+  add("GET", "/v1/versions/{}/checksums", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleGetChecksums(*c, req.matches[1], req.Param("rank").value_or(""),
                                  WaitParam(req.Param("wait_ms"), 0)));
   });
-  add("GET", R"(/v1/versions/([^/]+))", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
+  add("GET", "/v1/versions/{}", true, kGeneralLane, [c](const HttpRequest& req, HttpResponse& res) {
     Send(res, HandleGetVersion(*c, req.matches[1], WaitParam(req.Param("wait_ms"), 0),
                                req.Param("until").value_or("")));
   });
@@ -228,9 +258,10 @@ Admission HttpServer::Admit(HttpRequest& head) {
   };
   const Route* route = nullptr;
   for (const Route& r : routes_) {
-    std::smatch m;
-    if (r.method == head.method && std::regex_match(head.path, m, r.pattern)) {
-      head.matches.assign(m.begin(), m.end());
+    std::vector<std::string> captures;
+    if (r.method == head.method && MatchPath(r.pattern, head.path, &captures)) {
+      head.matches = {head.path};
+      head.matches.insert(head.matches.end(), captures.begin(), captures.end());
       route = &r;
       break;
     }
