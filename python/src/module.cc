@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,19 @@ nlohmann::json ParseJson(const std::string& text, const char* what) {
   } catch (const std::exception& e) {
     throw std::invalid_argument(std::string(what) + " is not JSON: " + e.what());
   }
+}
+
+// The config the Python layer sends, its keys checked: a misspelled or
+// unknown one is an error here, never a default taken in silence.
+nlohmann::json ParseConfig(const std::string& text, const char* what, std::initializer_list<const char*> keys) {
+  nlohmann::json c = ParseJson(text, what);
+  if (!c.is_object()) throw std::invalid_argument(std::string(what) + " is not a JSON object");
+  for (const auto& [key, value] : c.items()) {
+    bool known = false;
+    for (const char* k : keys) known = known || key == k;
+    if (!known) throw std::invalid_argument(std::string(what) + ": unknown key '" + key + "'");
+  }
+  return c;
 }
 
 // A push's handle: the pipeline thread's state plus the controller, for
@@ -156,7 +170,11 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<TrainerSession>(m, "TrainerSession")
       .def(py::init([](const std::string& config_json, const py::list& process_groups) {
-             const nlohmann::json c = ParseJson(config_json, "trainer config");
+             const nlohmann::json c =
+                 ParseConfig(config_json, "trainer config",
+                             {"registration", "controller", "secret_file", "tls_ca_file", "job", "provider", "nics",
+                              "node", "watermark_bytes", "checksums", "timeout_s", "cuda_device", "host_shards",
+                              "staging"});
              TrainerConfig config;
              config.registration = c.at("registration");
              config.controller = c.at("controller").get<std::string>();
@@ -219,7 +237,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<InferenceSession>(m, "InferenceSession")
       .def(py::init([](const std::string& config_json,
                        const std::vector<std::tuple<std::string, uintptr_t, uint64_t, bool, int>>& regions) {
-             const nlohmann::json c = ParseJson(config_json, "inference config");
+             const nlohmann::json c =
+                 ParseConfig(config_json, "inference config",
+                             {"rank", "controller", "secret_file", "tls_ca_file", "provider", "nics", "node",
+                              "timeout_s", "verify_checksums", "shadow", "staging", "paced"});
              InferenceConfig config;
              config.rank = c.at("rank");
              config.controller = c.at("controller").get<std::string>();

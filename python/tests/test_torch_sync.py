@@ -418,3 +418,14 @@ def test_unknown_staging_mode_is_one_clear_error():
         wsync.InferenceAgent(tensors, controller="127.0.0.1:1", job="j", rank=0, staging="sometimes")
     with pytest.raises(ValueError, match=r"TrainerAgent: staging='always'"):
         wsync.TrainerAgent(torch.nn.Linear(4, 4), controller="127.0.0.1:1", job="j", staging="always")
+
+
+def test_a_config_key_the_core_does_not_know_is_one_clear_error():
+    """The Python layer hands its settings to the C++ core as JSON: a key the
+    core does not read (a misspelling on either side) is refused, never left
+    to its default in silence (issue #32)."""
+    from wsync import _C
+    with pytest.raises(ValueError, match=r"inference config: unknown key 'controler'"):
+        _C.InferenceSession(json.dumps({"rank": {}, "controler": "127.0.0.1:1"}), [])
+    with pytest.raises(ValueError, match=r"trainer config: unknown key 'watermark'"):
+        _C.TrainerSession(json.dumps({"registration": {}, "controller": "127.0.0.1:1", "job": "j", "watermark": 1}), [])

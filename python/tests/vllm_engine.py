@@ -136,6 +136,8 @@ def main():
     from control import signed
 
     bad = a.versions + 1
+    # Started, as a trainer rank would, then failed (a report never starts a version).
+    signed(a.controller, a.secret_file, "POST", f"/v1/versions/{bad}/start", {"rank": 0})
     signed(a.controller, a.secret_file, "POST", f"/v1/versions/{bad}/fail",
            {"role": "trainer", "rank": 0, "error": "injected by the test: the optimizer step diverged"})
     try:
