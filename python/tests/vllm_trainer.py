@@ -1,8 +1,8 @@
-"""The trainer side of test_vllm.py: a real FSDP2 Qwen3 on the torchrun
+"""The trainer side of test_vllm.py: a real FSDP2 Qwen3 or Qwen3-MoE on the torchrun
 ranks (Gloo, CPU) pushing versions into a vLLM engine through wsync.
 
     torchrun --standalone --nproc-per-node 2 vllm_trainer.py
-        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3]
+        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3|qwen3_moe]
 
 For each version v: one AdamW step, the full state saved as a transformers
 checkpoint in OUT/ckpt_v<v> (rank 0; what the test's fresh reference engine
@@ -27,6 +27,11 @@ import torch_models  # noqa: E402
 import wsync  # noqa: E402
 
 
+# The trainer's model; its stacked experts (qwen3_moe) stay as transformers 5
+# holds them: the engine maps vLLM's fused experts onto them.
+BUILDERS = {"qwen3": torch_models.small_qwen3, "qwen3_moe": torch_models.small_qwen3_moe}
+
+
 def save_checkpoint(builder, state, path):
     """A transformers checkpoint of `state` (full tensors) in `path`."""
     _, plain = builder()
@@ -43,12 +48,12 @@ def main():
     ap.add_argument("--job", required=True)
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="qwen3", choices=["qwen3"])
+    ap.add_argument("--model", default="qwen3", choices=sorted(BUILDERS))
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    builder = torch_models.small_qwen3
+    builder = BUILDERS[a.model]
     _, model = builder()
     fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     optimizer = fsdp_setup.make_optimizer(model)

@@ -10,8 +10,10 @@ is changed.
   provider, timeout_s]})` registers the worker as an engine-paced inference
   rank. Its layout is read off the model vLLM built (names, shapes, dtypes,
   each rank's TP piece) and the name mapping from the model's own
-  `packed_modules_mapping` (fused qkv_proj, gate_up_proj): the controller,
-  started without --mapping, plans with it.
+  `packed_modules_mapping` (fused qkv_proj, gate_up_proj) and, for
+  fused-MoE layers, their own declaration of the fused expert layout
+  (transformers 5's stacked experts.gate_up_proj / down_proj): the
+  controller, started without --mapping, plans with it.
 - `update_weights({"version": v})` returns once every write of v landed
   here and the model computes from it; a failed version raises with the
   controller's recorded cause.
@@ -197,14 +199,18 @@ def describe_model(model):
         if not own:
             continue
         quant_method = getattr(module, "quant_method", None)
-        if isinstance(quant_method, FusedMoEMethodBase):
-            raise ValueError(f"wsync vLLM backend cannot map layer '{mname}' ({type(module).__name__}): "
-                             f"experts are not mapped yet")
-        quant_method = getattr(module, "quant_method", None)
         loading = dict(get_layerwise_info(module).restore_metadata[0]) if quant_method is not None else own
         if not loading:
             raise ValueError(f"wsync vLLM backend cannot map layer '{mname}' ({type(module).__name__}): vLLM kept "
                              f"no loading-format metadata for it")
+        if isinstance(quant_method, FusedMoEMethodBase):
+            for t, rule in _experts(mname, module, loading, own):
+                tensors.append(t)
+                key = json.dumps(rule, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    rules.append(rule)
+            continue
         in_place = quant_method is None or _computes_from_loading_format(module, quant_method, loading)
         parts = _packed_parts(model, mname, module)
         for pname, meta in loading.items():
@@ -222,6 +228,62 @@ def describe_model(model):
                     seen.add(key)
                     rules.append(rule)
     return tensors, rules
+
+
+def _experts(mname, module, loading, own):
+    """(EngineTensor, rule) of each stacked-expert parameter of a fused-MoE
+    layer: w13 [E, 2I/tp, H] (gate then up piece of each expert), w2
+    [E, H, I/tp]. Their sources are the layer's own fused declaration
+    (vLLM's get_expert_mapping(include_fused=True): `experts.gate_up_proj`
+    cut in gate and up along dim 1, `experts.down_proj`), which is how a
+    transformers 5 model holds its experts. Writes land in loading-format
+    buffers: fused-MoE kernels repack their weights after loading."""
+    what = f"wsync vLLM backend cannot map layer '{mname}' ({type(module).__name__})"
+    config = getattr(module, "moe_config", None)
+    parallel = getattr(config, "moe_parallel_config", None)
+    if config is None or parallel is None or not hasattr(module, "get_expert_mapping"):
+        raise ValueError(f"{what}: a fused-MoE layer without vLLM's moe_config or get_expert_mapping")
+    if int(parallel.ep_size) > 1:
+        raise ValueError(f"{what}: expert parallelism (ep {parallel.ep_size}) is not mapped yet; serve with "
+                         f"tensor parallelism over experts (no --enable-expert-parallel)")
+    if int(config.num_experts) != int(config.num_logical_experts):
+        raise ValueError(f"{what}: {config.num_experts - config.num_logical_experts} redundant experts (EPLB) are "
+                         f"not mapped")
+    if getattr(module, "is_fused_checkpoint_transposed", False):
+        raise ValueError(f"{what}: its fused checkpoint tensors are transposed ([E, H, 2I]); wsync's mapping does "
+                         f"not transpose")
+    extra = sorted(set(loading) - {"w13_weight", "w2_weight"})
+    if extra:
+        raise ValueError(f"{what}: expert parameter '{extra[0]}' is not mapped (only w13_weight and w2_weight)")
+    sources = {}  # engine param -> [(chunk, fused source)]
+    for param, source, chunk, _shard in module.get_expert_mapping(include_fused=True):
+        short = param.rsplit(".", 1)[-1]
+        if short in loading and "." not in source.removeprefix("experts."):  # the fused entries
+            sources.setdefault(short, []).append((int(chunk), source))
+    if set(sources) != set(loading):
+        raise ValueError(f"{what}: vLLM declares no fused checkpoint source for "
+                         f"{sorted(set(loading) - set(sources))[0]}")
+    if ".experts." not in f".{mname}.":
+        raise ValueError(f"{what}: its name has no 'experts' module to anchor the checkpoint names on")
+    base = f".{mname}".rsplit(".experts.", 1)[0].lstrip(".")  # the MoE block: model.layers.N.mlp
+    tp_size, tp_rank = int(parallel.tp_size), int(parallel.tp_rank)
+    device = next(iter(own.values())).device
+    out = []
+    for pname, meta in loading.items():
+        name = f"{mname}.{pname}"
+        cut = 1 if pname == "w13_weight" else 2  # the intermediate dim
+        tp = {"dim": cut, "rank": tp_rank, "size": tp_size} if tp_size > 1 else None
+        chunks = sorted(sources[pname])
+        parts = []
+        for index, source in chunks:
+            part = {"source": _layer_pattern(f"{base}.{source}"), "expert_dim": 0}
+            if len(chunks) > 1:
+                part["chunk"] = {"dim": 1, "index": index, "count": len(chunks)}
+            parts.append(part)
+        tensor = torch.empty(tuple(meta.shape), dtype=meta.dtype, device=device)
+        out.append((EngineTensor(name, mname, pname, PROCESSED, tensor, tp),
+                    {"engine": _layer_pattern(name), "stack_experts": {"dim": 0, "parts": parts}}))
+    return out
 
 
 def _concat_rule(module, name, mname, pname, parts, tp):
@@ -358,8 +420,10 @@ def _reprocess(module, buffers):
     """Rebuilds `module` in loading format from `buffers`, runs its quant
     method's processing, and copies the result into the tensors the engine
     computes from (kept in their storage, as CUDA graphs captured them)."""
-    kernel_params = dict(module.named_parameters(recurse=False))
-    kernel_buffers = dict(module.named_buffers(recurse=False))
+    # Every entry, None ones included (e.g. a fused-MoE layer's expert_map
+    # without expert parallelism): they are put back as they were.
+    kernel_params = dict(module._parameters)
+    kernel_buffers = dict(module._buffers)
     non_persistent = set(module._non_persistent_buffers_set)
     info = get_layerwise_info(module)
     restore_layer_on_meta(module, info)
@@ -368,24 +432,38 @@ def _reprocess(module, buffers):
         getattr(module, pname).data.copy_(buf)
     if hasattr(module, "_already_called_process_weights_after_loading"):
         delattr(module, "_already_called_process_weights_after_loading")
-    module.quant_method.process_weights_after_loading(module)
+    # A fused-MoE method runs its kernel's own processing (on CPU: the
+    # prepack into the grouped-GEMM layout) only while it has no kernel; a
+    # second run would leave the weights unpacked. So the layer is processed
+    # as at load, and the engine keeps the kernel it runs with.
+    method = module.quant_method
+    moe_kernel = getattr(method, "moe_kernel", None)
+    if moe_kernel is not None:
+        method.moe_kernel = None
+    try:
+        method.process_weights_after_loading(module)
+    finally:
+        if moe_kernel is not None:
+            method.moe_kernel = moe_kernel
     for pname, kernel in kernel_params.items():
+        if kernel is None:
+            continue
         new = getattr(module, pname)
         if new.shape != kernel.shape or new.dtype != kernel.dtype:
             raise RuntimeError(f"wsync vLLM backend: processing '{pname}' of {type(module).__name__} gave "
                                f"{tuple(new.shape)} {new.dtype}, not the engine's {tuple(kernel.shape)} {kernel.dtype}")
         kernel.data.copy_(new)
     for bname, kernel in kernel_buffers.items():
-        if bname in module._buffers and module._buffers[bname] is not None:
+        if kernel is not None and module._buffers.get(bname) is not None:
             kernel.data.copy_(module._buffers[bname])
     for name in list(module._parameters):
         delattr(module, name)
     for name in list(module._buffers):
         delattr(module, name)
-    for name, p in kernel_params.items():
-        module.register_parameter(name, p)
-    for name, b in kernel_buffers.items():
-        module.register_buffer(name, b, persistent=name not in non_persistent)
+    module._parameters.update(kernel_params)
+    module._buffers.update(kernel_buffers)
+    module._non_persistent_buffers_set.clear()
+    module._non_persistent_buffers_set.update(non_persistent)
 
 
 def engine_tensors(worker):
