@@ -255,7 +255,7 @@ class Runner {
 Status RunInferenceAgent(InferenceAgent& agent, controller::ControllerClient& client,
                          const AgentRunnerOptions& options, const std::atomic<bool>& stop) {
   Status s = Runner(agent, client, options, stop).Run();
-  if (options.pacer != nullptr) options.pacer->Stop();  // an engine inside update() hears of it
+  if (options.pacer != nullptr) options.pacer->Stop(s);  // an engine inside update() hears of it, and why
   return s;
 }
 

@@ -34,10 +34,18 @@ void Pacer::OnLanded(uint64_t v) {
   cv_.notify_all();
 }
 
-void Pacer::Stop() {
+void Pacer::Stop(const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
+  why_stopped_ = why;
   cv_.notify_all();
+}
+
+Status Pacer::StoppedLocked(const std::string& what) const {
+  // A registration the controller dropped, a lost controller: the engine
+  // hears the runner's own error, not only that it ended.
+  if (why_stopped_.ok()) return Aborted(what + ": the agent stopped");
+  return Aborted(what + ": the agent stopped: " + why_stopped_.message());
 }
 
 StatusOr<UpdateReport> Pacer::Update(std::optional<uint64_t> version, Clock::time_point deadline) {
@@ -47,7 +55,7 @@ StatusOr<UpdateReport> Pacer::Update(std::optional<uint64_t> version, Clock::tim
   while (!agent_.has_plan()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) return Aborted(me() + ": update(): the agent stopped");
+      if (stopped_) return StoppedLocked(me() + ": update()");
     }
     if (!version) {
       UpdateReport nothing;
@@ -78,7 +86,7 @@ Status Pacer::WaitLive(uint64_t v, Clock::time_point deadline, bool* timed_out) 
     if (complete() >= v) return Status::Ok();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) return Aborted(what + ": the agent stopped");
+      if (stopped_) return StoppedLocked(what);
     }
     StatusOr<VersionOutcome> out = agent_.WaitVersion(v, milliseconds(20));
     if (out.ok() && !out->status.ok()) return Aborted(out->status.message());
@@ -111,7 +119,7 @@ StatusOr<controller::VersionStatus> Pacer::WaitFinished(uint64_t v) {
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) return Aborted(me() + ": version " + std::to_string(v) + ": the agent stopped");
+      if (stopped_) return StoppedLocked(me() + ": version " + std::to_string(v));
     }
     StatusOr<controller::VersionStatus> end = client_.WaitVersion(v, Clock::now() + std::chrono::seconds(1));
     if (end.ok() || end.status().code() != StatusCode::kDeadlineExceeded) return end;
@@ -161,7 +169,7 @@ StatusOr<UpdateReport> Pacer::UpdateShadow(std::optional<uint64_t> version, Cloc
     if (!cv_.wait_until(lock, deadline, [&] { return stopped_ || landed_ >= *version; }))
       return DeadlineExceeded(me() + ": update(" + std::to_string(*version) + "): it has not landed by the deadline; " +
                               "the weights stay at version " + std::to_string(complete()));
-    if (stopped_) return Aborted(me() + ": update(): the agent stopped");
+    if (stopped_) return StoppedLocked(me() + ": update()");
   }
   // No version may start writing into the shadow while it is copied out.
   StatusOr<nlohmann::json> gate = client_.Gate(rank, "close");

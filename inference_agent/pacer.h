@@ -59,8 +59,9 @@ class Pacer {
 
   // Shadow: every write of `v` landed here, was checked and reported done.
   void OnLanded(uint64_t v);
-  // The runner stopped: Update() returns at once.
-  void Stop();
+  // The runner stopped, with `why` (OK: it was asked to): Update() returns
+  // at once, saying why.
+  void Stop(const Status& why);
 
  private:
   StatusOr<UpdateReport> UpdateLive(std::optional<uint64_t> version, Clock::time_point deadline);
@@ -75,6 +76,8 @@ class Pacer {
   std::string FailureOf(const controller::VersionStatus& v) const;
   uint64_t complete() const;  // the weights' version (0: none)
   std::string me() const { return "inference rank " + std::to_string(agent_.rank().rank); }
+  // Update()'s answer once the runner stopped: `what` and why it stopped.
+  Status StoppedLocked(const std::string& what) const;
 
   InferenceAgent& agent_;
   controller::ControllerClient& client_;
@@ -83,6 +86,7 @@ class Pacer {
   std::condition_variable cv_;
   uint64_t landed_ = 0;   // shadow: the newest version all in the shadow; guarded by mu_
   bool stopped_ = false;  // guarded by mu_
+  Status why_stopped_;     // guarded by mu_
 };
 
 }  // namespace wsync::inference

@@ -2,7 +2,7 @@
 ranks (Gloo, CPU) pushing versions into a vLLM engine through wsync.
 
     torchrun --standalone --nproc-per-node 2 vllm_trainer.py
-        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3|qwen3_moe]
+        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3|qwen3_moe|llama]
 
 For each version v: one AdamW step, the full state saved as a transformers
 checkpoint in OUT/ckpt_v<v> (rank 0; what the test's fresh reference engine
@@ -29,7 +29,9 @@ import wsync  # noqa: E402
 
 # The trainer's model; its stacked experts (qwen3_moe) stay as transformers 5
 # holds them: the engine maps vLLM's fused experts onto them.
-BUILDERS = {"qwen3": torch_models.small_qwen3, "qwen3_moe": torch_models.small_qwen3_moe}
+# llama: a model that lacks Qwen3's q_norm / k_norm (vllm_bad_inputs.py).
+BUILDERS = {"qwen3": torch_models.small_qwen3, "qwen3_moe": torch_models.small_qwen3_moe,
+            "llama": torch_models.small_llama}
 
 
 def save_checkpoint(builder, state, path):
@@ -49,6 +51,7 @@ def main():
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="qwen3", choices=sorted(BUILDERS))
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="TrainerAgent's timeout (the plan included)")
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -57,7 +60,7 @@ def main():
     _, model = builder()
     fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     optimizer = fsdp_setup.make_optimizer(model)
-    agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job)
+    agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job, timeout_s=a.timeout_s)
     print(f"vllm_trainer rank {rank}: registered; the world is planned", flush=True)
     for v in range(1, a.versions + 1):
         loss = fsdp_setup.train_step(model, optimizer, v, rank)
