@@ -200,6 +200,87 @@ def test_moe_experts_land_through_vllms_processing_from_the_trainers_stacked_exp
 
 
 @pytest.fixture(scope="module")
+def fp8(tmp_path_factory):
+    """vllm_fp8_engine.py (2 TP ranks of vLLM's block-fp8 Qwen3, built by
+    vLLM's own loader) taking version 1 from vllm_trainer.py (FSDP2, 2
+    ranks): the per-rank results and the controller's world."""
+    out = tmp_path_factory.mktemp("vllm_fp8")
+    secret = str(out / "job.secret")
+    subprocess.run([wsync_binary(), "secret", secret], check=True, capture_output=True)
+    _, model = torch_models.small_qwen3()
+    model.save_pretrained(str(out / "ckpt_v0"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WSYNC_SECRET_FILE=secret,
+               WSYNC_TEST_NO_AMX="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "noamx"), os.environ.get("PYTHONPATH", "")]))
+    logs = {n: str(out / f"{n}.log") for n in ("controller", "engine", "trainers")}
+    procs = []
+    try:
+        controller = subprocess.Popen([wsync_binary(), "controller", "--secret-file", secret, "--listen",
+                                       "127.0.0.1:0", "--state-dir", str(out / "state"), "--trainers", "2",
+                                       "--inference", str(TP), "--world-timeout", "600", "--version-timeout", "600"],
+                                      stdout=subprocess.PIPE, stderr=open(logs["controller"], "w"), env=env)
+        procs.append(controller)
+        address = controller.stdout.readline().decode().strip()
+        assert address, f"the controller printed no address:\n{_tail(logs['controller'])}"
+        print(f"test_vllm: fp8: vLLM's block-fp8 layers on {TP} TP ranks, 2 FSDP2 trainer ranks", flush=True)
+        engine = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", str(TP),
+                                   os.path.join(HERE, "vllm_fp8_engine.py"), "--controller", address, "--job", "fp8",
+                                   "--out", str(out)], stdout=subprocess.PIPE, stderr=open(logs["engine"], "w"),
+                                  env=env)
+        procs.append(engine)
+        trainers = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", "2",
+                                     os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "fp8",
+                                     "--versions", "1", "--out", str(out)],
+                                    stdout=subprocess.DEVNULL, stderr=open(logs["trainers"], "w"), env=env)
+        procs.append(trainers)
+        for name, p in (("trainers", trainers), ("engine", engine)):
+            try:
+                rc = p.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} still running after {TIMEOUT} s; its log:\n{_tail(logs[name])}")
+            assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'])}"
+        print(engine.stdout.read().decode(), flush=True)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = []
+    for r in range(TP):
+        with open(out / f"fp8_rank{r}.json") as f:
+            results.append(json.load(f))
+    with open(out / "state" / "world.json") as f:
+        return results, json.load(f)
+
+
+def test_fp8_layers_equal_vllms_own_loading_of_the_fp8_checkpoint_bit_for_bit(fp8):
+    results, _ = fp8
+    for rank, r in enumerate(results):
+        # Every projection of both layers is fp8 (weight + scale): 4 per layer.
+        assert len(r["fp8_tensors"]) == 8, r["fp8_tensors"]
+        assert r["equal"] == "equal", f"rank {rank}: {r['equal']}"
+
+
+def test_fp8_layout_follows_vllms_fp8_parameters_and_the_mapping_quantizes(fp8):
+    results, world = fp8
+    r = results[1]
+    qkv = r["layout"]["model.layers.0.self_attn.qkv_proj.weight"]
+    # q 512 + k 256 + v 256 rows over 2 TP ranks, hidden 256: vLLM's fp8
+    # method makes it float8_e4m3fn with one fp32 scale per 128x128 block.
+    assert (qkv["shape"], qkv["dtype"], qkv["tp"]) == ([512, 256], "torch.float8_e4m3fn", {"dim": 0, "rank": 1, "size": 2})
+    scale = r["layout"]["model.layers.0.self_attn.qkv_proj.weight_scale_inv"]
+    assert (scale["shape"], scale["dtype"]) == ([4, 2], "torch.float32")
+    o = r["layout"]["model.layers.0.self_attn.o_proj.weight"]
+    assert (o["shape"], o["tp"]) == ([256, 256], {"dim": 1, "rank": 1, "size": 2})
+    assert r["paths"]["model.layers.0.self_attn.qkv_proj.weight"] == "processed"
+    mapping = world["inference"]["ranks"][0]["mapping"]
+    assert mapping["quantize"] == [{"dtype": "fp8_e4m3", "block": [128, 128], "scale_dtype": "fp32",
+                                    "scale_suffix": "_scale_inv"}]
+    assert not any(str(rule.get("engine", "")).endswith("_scale_inv") for rule in mapping["rules"]), \
+        "a scale is written with its weight, never mapped on its own"
+
+
+@pytest.fixture(scope="module")
 def bad_inputs(tmp_path_factory):
     """vllm_bad_inputs.py against its own controller (1 trainer, 1 inference
     rank): (its bad_inputs.json, the controller's /v1/status after it)."""

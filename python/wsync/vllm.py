@@ -182,7 +182,8 @@ def _layer_pattern(name):
 
 
 def describe_model(model):
-    """(engine tensors, mapping rules) of the model vLLM built on this rank.
+    """(engine tensors, mapping rules, quantize rules) of the model vLLM built
+    on this rank.
 
     Raises ValueError naming the first layer wsync cannot map."""
     from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
@@ -193,7 +194,7 @@ def describe_model(model):
                                    "orig_to_new_regex")):
         raise ValueError(f"wsync vLLM backend cannot map {type(model).__name__}: vLLM renames its checkpoint's "
                          f"tensors (hf_to_vllm_mapper), which wsync's mapping does not follow yet")
-    tensors, rules, seen = [], [], set()
+    tensors, rules, seen, quantize = [], [], set(), []
     for mname, module in model.named_modules():
         own = dict(module.named_parameters(recurse=False))
         if not own:
@@ -213,12 +214,16 @@ def describe_model(model):
             continue
         in_place = quant_method is None or _computes_from_loading_format(module, quant_method, loading)
         parts = _packed_parts(model, mname, module)
+        scales = _block_scales(mname, module, loading, quantize)
         for pname, meta in loading.items():
             name = f"{mname}.{pname}" if mname else pname
             if in_place:
                 t = own[pname]
             else:
                 t = torch.empty(tuple(meta.shape), dtype=meta.dtype, device=next(iter(own.values())).device)
+            if pname in scales:  # written with its fp8 weight, cut as the weight is
+                tensors.append(EngineTensor(name, mname, pname, IN_PLACE if in_place else PROCESSED, t, None))
+                continue
             tp = _tp_of(module, meta, name)
             tensors.append(EngineTensor(name, mname, pname, IN_PLACE if in_place else PROCESSED, t, tp))
             if parts:
@@ -227,7 +232,36 @@ def describe_model(model):
                 if key not in seen:
                     seen.add(key)
                     rules.append(rule)
-    return tensors, rules
+    return tensors, rules, quantize
+
+
+def _block_scales(mname, module, loading, quantize):
+    """The block-scale parameters of a block-fp8 layer (vLLM's fp8 method:
+    `weight` float8_e4m3fn, `weight_scale_inv` fp32, one per block), adding
+    the layer's quantize rule to `quantize`. Trainers quantize their bf16
+    weights into it as the checkpoint format has it (docs/SCHEMA.md)."""
+    fp8 = [p for p, m in loading.items() if m.dtype == torch.float8_e4m3fn]
+    if not fp8:
+        return set()
+    what = f"wsync vLLM backend cannot map layer '{mname}' ({type(module).__name__})"
+    block = getattr(module, "weight_block_size", None)
+    if block is None:
+        raise ValueError(f"{what}: fp8 without block scales (per-tensor 'weight_scale') is not mapped; "
+                         f"block fp8 ('weight_block_size') is")
+    scales = set()
+    for p in fp8:
+        scale = loading.get(f"{p}_scale_inv")
+        if scale is None:
+            raise ValueError(f"{what}: fp8 '{p}' has no '{p}_scale_inv'")
+        if scale.dtype != torch.float32:
+            raise ValueError(f"{what}: '{p}_scale_inv' is {scale.dtype}; wsync writes fp32 block scales")
+        scales.add(f"{p}_scale_inv")
+    rule = {"dtype": "fp8_e4m3", "block": [int(b) for b in block], "scale_dtype": "fp32", "scale_suffix": "_scale_inv"}
+    if quantize and quantize[0] != rule:
+        raise ValueError(f"{what}: fp8 blocks {rule['block']}, where other layers have {quantize[0]['block']}")
+    if not quantize:
+        quantize.append(rule)
+    return scales
 
 
 def _experts(mname, module, loading, own):
@@ -302,9 +336,12 @@ def _concat_rule(module, name, mname, pname, parts, tp):
     return {"engine": _layer_pattern(name), "concat": {"dim": 0, "parts": out}}
 
 
-def mapping_for(model, rules):
-    return {"schema": "wsync.mapping/v1", "name": f"vllm:{type(model).__name__}",
-            "rules": rules + [{"engine": "{*}", "source": "{*}"}]}
+def mapping_for(model, rules, quantize=()):
+    mapping = {"schema": "wsync.mapping/v1", "name": f"vllm:{type(model).__name__}",
+               "rules": rules + [{"engine": "{*}", "source": "{*}"}]}
+    if quantize:
+        mapping["quantize"] = list(quantize)
+    return mapping
 
 
 # ------------------------------------------------------------- worker side --
@@ -346,8 +383,8 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
             raise RuntimeError("wsync vLLM backend: init_transfer_engine called twice; shutdown first")
         rank, instance = self._where()
         t0 = time.perf_counter()
-        self.tensors, rules = describe_model(self.model)
-        mapping = mapping_for(self.model, rules)
+        self.tensors, rules, quantize = describe_model(self.model)
+        mapping = mapping_for(self.model, rules, quantize)
         regions = {t.name: t.tensor for t in self.tensors}
         layout = {t.name: {"tp": t.tp} for t in self.tensors if t.tp is not None}
         extra = sum(t.tensor.numel() * t.tensor.element_size() for t in self.tensors if t.path == PROCESSED)
