@@ -41,6 +41,19 @@ void Pacer::Stop(const Status& why) {
   cv_.notify_all();
 }
 
+std::string Pacer::WhyUnplanned() {
+  StatusOr<nlohmann::json> st = client_.GetStatus();
+  if (!st.ok()) return "; the controller did not say why: " + st.status().message();
+  const nlohmann::json& j = *st;
+  std::string why = "; controller: phase " + j.value("phase", std::string("?"));
+  if (j.contains("missing") && j["missing"].is_object())
+    why += ", missing trainer ranks " + j["missing"].value("trainer", nlohmann::json::array()).dump() +
+           ", inference ranks " + j["missing"].value("inference", nlohmann::json::array()).dump();
+  const std::string error = j.value("assembly_error", std::string());
+  if (!error.empty()) why += "; last assembly error: " + error;
+  return why;
+}
+
 Status Pacer::StoppedLocked(const std::string& what) const {
   // A registration the controller dropped, a lost controller: the engine
   // hears the runner's own error, not only that it ended.
@@ -63,7 +76,8 @@ StatusOr<UpdateReport> Pacer::Update(std::optional<uint64_t> version, Clock::tim
       return nothing;
     }
     if (Clock::now() >= deadline)
-      return DeadlineExceeded(me() + ": update(" + std::to_string(*version) + "): the world has not been planned");
+      return DeadlineExceeded(me() + ": update(" + std::to_string(*version) + "): the world has not been planned" +
+                              WhyUnplanned());
     std::this_thread::sleep_for(milliseconds(20));
   }
   return pacing_ == Pacing::kShadow ? UpdateShadow(version, deadline) : UpdateLive(version, deadline);

@@ -76,6 +76,8 @@ class Pacer {
   std::string FailureOf(const controller::VersionStatus& v) const;
   uint64_t complete() const;  // the weights' version (0: none)
   std::string me() const { return "inference rank " + std::to_string(agent_.rank().rank); }
+  // Why the world has no plan yet, as the controller says it: "; ...".
+  std::string WhyUnplanned();
   // Update()'s answer once the runner stopped: `what` and why it stopped.
   Status StoppedLocked(const std::string& what) const;
 

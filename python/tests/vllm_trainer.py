@@ -2,7 +2,7 @@
 ranks (Gloo, CPU) pushing versions into a vLLM engine through wsync.
 
     torchrun --standalone --nproc-per-node 2 vllm_trainer.py
-        --controller HOST:PORT --job J --versions 3 --out OUT [--model qwen3|qwen3_moe|llama]
+        --controller HOST:PORT --job J --versions 3 --out OUT [--model NAME of BUILDERS]
 
 For each version v: one AdamW step, the full state saved as a transformers
 checkpoint in OUT/ckpt_v<v> (rank 0; what the test's fresh reference engine
@@ -29,9 +29,24 @@ import wsync  # noqa: E402
 
 # The trainer's model; its stacked experts (qwen3_moe) stay as transformers 5
 # holds them: the engine maps vLLM's fused experts onto them.
-# llama: a model that lacks Qwen3's q_norm / k_norm (vllm_bad_inputs.py).
+def _qwen3_with(**changes):
+    """The small Qwen3 with `changes` to its config (vllm_bad_inputs.py)."""
+    def build():
+        from transformers import Qwen3ForCausalLM
+
+        config, _ = torch_models.small_qwen3()
+        for key, value in changes.items():
+            setattr(config, key, value)
+        return torch_models._build(Qwen3ForCausalLM, config, torch_models.SEED)
+    return build
+
+
+# Models a Qwen3 engine cannot take (vllm_bad_inputs.py): llama lacks its
+# q_norm / k_norm; qwen3_bias has attention biases it lacks; qwen3_wide has
+# another MLP width.
 BUILDERS = {"qwen3": torch_models.small_qwen3, "qwen3_moe": torch_models.small_qwen3_moe,
-            "llama": torch_models.small_llama}
+            "llama": torch_models.small_llama, "qwen3_bias": _qwen3_with(attention_bias=True),
+            "qwen3_wide": _qwen3_with(intermediate_size=384)}
 
 
 def save_checkpoint(builder, state, path):

@@ -401,6 +401,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
                                     timeout_s=init_info.timeout_s, secret_file=init_info.secret_file,
                                     paced=True, mapping=mapping)
         self.rank = rank
+        self.timeout_s = init_info.timeout_s  # update_weights waits at most this for its version
         self.init_seconds = time.perf_counter() - t0
 
     def start_weight_update(self) -> None:
@@ -418,9 +419,11 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         v = update_info.version
         t0 = time.perf_counter()
         try:
-            got = self.agent.update(v)
-        except VersionError as e:
-            raise RuntimeError(f"wsync vLLM backend: {e}") from None  # names the rank, the version and the cause
+            got = self.agent.update(v, timeout=self.timeout_s)
+        except (VersionError, TimeoutError) as e:
+            # Names the rank, the version and the cause (for a world that was
+            # never planned: what the controller says is missing, and why).
+            raise RuntimeError(f"wsync vLLM backend: {e}") from None
         landed = time.perf_counter()
         processed = self._process()
         done = time.perf_counter()
