@@ -40,6 +40,24 @@ def _tail(path, n=4000):
         return "(no log)"
 
 
+def _wait_for(named, logs):
+    """Waits for each (name, process) to exit 0; fails the test with its log
+    (and the engine's) otherwise."""
+    for name, p in named:
+        try:
+            rc = p.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running after {TIMEOUT} s; its log:\n{_tail(logs[name])}")
+        assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'], 2000)}"
+
+
+def _stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def _deploy(tmp_path_factory, model_name):
     """One deployment of `model_name` (vllm_trainer.BUILDERS), run to the
     end: (engine.json's dict, log paths)."""
@@ -74,17 +92,9 @@ def _deploy(tmp_path_factory, model_name):
                                   os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "vllm",
                                   "--versions", str(VERSIONS), "--out", str(out), "--model", model_name], stdout=subprocess.DEVNULL)
     try:
-        for name, p in (("trainers", trainers), ("engine", engine)):
-            try:
-                rc = p.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{name} still running after {TIMEOUT} s; its log:\n{_tail(logs[name])}")
-            assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'], 2000)}"
+        _wait_for((("trainers", trainers), ("engine", engine)), logs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _stop(procs)
     with open(out / "engine.json") as f:
         result = json.load(f)
     for v in range(1, VERSIONS + 1):
@@ -111,6 +121,13 @@ def qwen3_moe(tmp_path_factory):
 @pytest.fixture(params=["qwen3", "qwen3_moe"])
 def deployment(request):
     return request.getfixturevalue(request.param)
+
+
+def _planned_inference_ranks(logs):
+    """The inference ranks of the world the controller planned (its state
+    dir keeps it), each with the mapping it registered."""
+    with open(os.path.join(os.path.dirname(logs["controller"]), "state", "world.json")) as f:
+        return json.load(f)["inference"]["ranks"]
 
 
 def test_greedy_tokens_equal_a_fresh_vllm_engine_at_every_version(deployment):
@@ -149,11 +166,8 @@ def test_each_layer_lands_in_place_or_through_vllms_processing_and_the_log_says_
 def test_the_controller_planned_with_the_mapping_vllms_model_declares(qwen3):
     result, logs = qwen3
     # Started without --mapping, the controller planned with the mapping
-    # the workers derived from vLLM's packed_modules_mapping; its state dir
-    # keeps the world it planned.
-    with open(os.path.join(os.path.dirname(logs["controller"]), "state", "world.json")) as f:
-        world = json.load(f)
-    ranks = world["inference"]["ranks"]
+    # the workers derived from vLLM's packed_modules_mapping.
+    ranks = _planned_inference_ranks(logs)
     assert [r["mapping"]["name"] for r in ranks] == ["vllm:Qwen3ForCausalLM"] * TP
     rules = {r.get("engine"): r for r in ranks[0]["mapping"]["rules"]}
     qkv = rules["model.layers.{L}.self_attn.qkv_proj.weight"]["concat"]["parts"]
@@ -182,9 +196,7 @@ def test_moe_experts_land_through_vllms_processing_from_the_trainers_stacked_exp
             # vLLM's CPU MoE kernel prepacks them after loading.
             assert paths[f"model.layers.{layer}.mlp.experts.routed_experts.{p}"] == "processed"
         assert paths[f"model.layers.{layer}.mlp.gate.weight"] == "in place"  # the router
-    with open(os.path.join(os.path.dirname(logs["controller"]), "state", "world.json")) as f:
-        world = json.load(f)
-    ranks = world["inference"]["ranks"]
+    ranks = _planned_inference_ranks(logs)
     assert [r["mapping"]["name"] for r in ranks] == ["vllm:Qwen3MoeForCausalLM"] * TP
     rules = {r.get("engine"): r for r in ranks[0]["mapping"]["rules"]}
     # vLLM's own declaration of the fused layout: gate_up_proj cut in two
@@ -225,26 +237,19 @@ def fp8(tmp_path_factory):
         print(f"test_vllm: fp8: vLLM's block-fp8 layers on {TP} TP ranks, 2 FSDP2 trainer ranks", flush=True)
         engine = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", str(TP),
                                    os.path.join(HERE, "vllm_fp8_engine.py"), "--controller", address, "--job", "fp8",
-                                   "--out", str(out)], stdout=subprocess.PIPE, stderr=open(logs["engine"], "w"),
-                                  env=env)
+                                   "--out", str(out)], stdout=open(str(out / "engine.out"), "w"),
+                                  stderr=open(logs["engine"], "w"), env=env)
         procs.append(engine)
         trainers = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", "2",
                                      os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "fp8",
                                      "--versions", "1", "--out", str(out)],
                                     stdout=subprocess.DEVNULL, stderr=open(logs["trainers"], "w"), env=env)
         procs.append(trainers)
-        for name, p in (("trainers", trainers), ("engine", engine)):
-            try:
-                rc = p.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{name} still running after {TIMEOUT} s; its log:\n{_tail(logs[name])}")
-            assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'])}"
-        print(engine.stdout.read().decode(), flush=True)
+        _wait_for((("trainers", trainers), ("engine", engine)), logs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _stop(procs)
+    with open(out / "engine.out") as f:
+        print("".join(ln for ln in f if ln.startswith("vllm_fp8_engine:")), flush=True)
     results = []
     for r in range(TP):
         with open(out / f"fp8_rank{r}.json") as f:

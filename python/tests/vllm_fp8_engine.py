@@ -119,6 +119,7 @@ def main():
 
     vllm_fp8.init_fp8_linear_kernel = lambda **kwargs: NoGemm()
 
+    from vllm_engine import first_difference
     from wsync.vllm import WsyncWeightTransferEngine, engine_tensors
 
     model, vllm_config = load(vllm_config_of, os.path.join(a.out, "fp8_v0"))
@@ -143,15 +144,7 @@ def main():
             self.model_runner = type("R", (), {"get_model": staticmethod(lambda: m)})
 
     got, want = engine_tensors(Worker(model)), engine_tensors(Worker(fresh))
-    first = None
-    for name in sorted(want):
-        g, w = got.get(name), want[name]
-        if g is None or g.dtype != w.dtype or g.shape != w.shape:
-            first = f"{name}: {None if g is None else (g.dtype, tuple(g.shape))} vs {(w.dtype, tuple(w.shape))}"
-        elif not torch.equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8)):
-            first = f"{name}: bytes differ"
-        if first:
-            break
+    first = first_difference([got], [want])
     fp8 = sorted(n for n, t in want.items() if t.dtype == torch.float8_e4m3fn)
     result = {"equal": first or "equal", "fp8_tensors": fp8,
               "paths": {t.name: t.path for t in engine.tensors},
