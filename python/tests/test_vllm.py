@@ -51,11 +51,35 @@ def _wait_for(named, logs):
         assert rc == 0, f"{name} exited {rc}; its log:\n{_tail(logs[name])}\nengine:\n{_tail(logs['engine'], 2000)}"
 
 
-def _stop(procs):
+def _popen(cmd, **kw):
+    """A process in a session of its own: _stop() ends it and every process
+    it started. vLLM's EngineCore and workers outlive a killed parent, and on
+    2 cores their busy threads starve whatever test runs next."""
+    return subprocess.Popen(cmd, start_new_session=True, **kw)
+
+
+def _stop(procs, grace_s=0):
+    """Ends each of `procs` (from _popen) and its whole session: SIGTERM and
+    up to `grace_s` to exit, then SIGKILL."""
+    import signal
+
+    def signal_group(p, sig):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if grace_s > 0:
+        for p in procs:
+            signal_group(p, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
     for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        signal_group(p, signal.SIGKILL)  # the session's survivors too
+        p.wait()
 
 
 def _deploy(tmp_path_factory, model_name):
@@ -73,7 +97,7 @@ def _deploy(tmp_path_factory, model_name):
     procs = []
 
     def start(name, cmd, **kw):
-        p = subprocess.Popen(cmd, stderr=open(logs[name], "w"), env=env, **kw)
+        p = _popen(cmd, stderr=open(logs[name], "w"), env=env, **kw)
         procs.append(p)
         return p
 
@@ -227,7 +251,7 @@ def fp8(tmp_path_factory):
     logs = {n: str(out / f"{n}.log") for n in ("controller", "engine", "trainers")}
     procs = []
     try:
-        controller = subprocess.Popen([wsync_binary(), "controller", "--secret-file", secret, "--listen",
+        controller = _popen([wsync_binary(), "controller", "--secret-file", secret, "--listen",
                                        "127.0.0.1:0", "--state-dir", str(out / "state"), "--trainers", "2",
                                        "--inference", str(TP), "--world-timeout", "600", "--version-timeout", "600"],
                                       stdout=subprocess.PIPE, stderr=open(logs["controller"], "w"), env=env)
@@ -235,12 +259,12 @@ def fp8(tmp_path_factory):
         address = controller.stdout.readline().decode().strip()
         assert address, f"the controller printed no address:\n{_tail(logs['controller'])}"
         print(f"test_vllm: fp8: vLLM's block-fp8 layers on {TP} TP ranks, 2 FSDP2 trainer ranks", flush=True)
-        engine = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", str(TP),
+        engine = _popen([torchrun(), "--standalone", "--nproc-per-node", str(TP),
                                    os.path.join(HERE, "vllm_fp8_engine.py"), "--controller", address, "--job", "fp8",
                                    "--out", str(out)], stdout=open(str(out / "engine.out"), "w"),
                                   stderr=open(logs["engine"], "w"), env=env)
         procs.append(engine)
-        trainers = subprocess.Popen([torchrun(), "--standalone", "--nproc-per-node", "2",
+        trainers = _popen([torchrun(), "--standalone", "--nproc-per-node", "2",
                                      os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "fp8",
                                      "--versions", "1", "--out", str(out)],
                                     stdout=subprocess.DEVNULL, stderr=open(logs["trainers"], "w"), env=env)
@@ -294,11 +318,16 @@ def bad_inputs(tmp_path_factory):
                WSYNC_TEST_NO_AMX="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                PYTHONPATH=os.pathsep.join([os.path.join(HERE, "noamx"), os.environ.get("PYTHONPATH", "")]))
     print("test_vllm: bad inputs against real vLLM engines (TP 1)", flush=True)
-    run = subprocess.run([sys.executable, os.path.join(HERE, "vllm_bad_inputs.py"), "--wsync", wsync_binary(),
-                          "--torchrun", torchrun(), "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=open(str(out / "engine.log"), "w"), env=env, timeout=TIMEOUT)
-    print("\n".join(ln for ln in run.stdout.decode().splitlines() if ln.startswith("vllm_engine:")), flush=True)
-    assert run.returncode == 0, f"vllm_bad_inputs.py exited {run.returncode}:\n{_tail(str(out / 'engine.log'))}"
+    logs = {"engine": str(out / "engine.log")}
+    run = _popen([sys.executable, os.path.join(HERE, "vllm_bad_inputs.py"), "--wsync", wsync_binary(), "--torchrun",
+                  torchrun(), "--out", str(out)], stdout=open(str(out / "engine.out"), "w"),
+                 stderr=open(logs["engine"], "w"), env=env)
+    try:
+        _wait_for((("engine", run),), logs)
+    finally:
+        _stop([run])
+        with open(out / "engine.out") as f:
+            print("".join(ln for ln in f if ln.startswith("vllm_engine:")), flush=True)
     with open(out / "bad_inputs.json") as f:
         return json.load(f)
 
@@ -370,12 +399,12 @@ def test_the_vllm_serve_example_runs_as_written_through_vllms_trainer_api(tmp_pa
     logs = {n: str(tmp_path / f"{n}.log") for n in ("controller", "server", "train")}
     procs = []
     try:
-        controller = subprocess.Popen([wsync_binary(), "controller", "--listen", "127.0.0.1:0", "--state-dir",
+        controller = _popen([wsync_binary(), "controller", "--listen", "127.0.0.1:0", "--state-dir",
                                        str(tmp_path / "state"), "--trainers", "2", "--inference", "2"],
                                       stdout=subprocess.PIPE, stderr=open(logs["controller"], "w"), env=env)
         procs.append(controller)
         address = controller.stdout.readline().decode().strip()
-        server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model",
+        server = _popen([sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model",
                                    str(tmp_path / "model"), "--tensor-parallel-size", "2", "--dtype", "bfloat16",
                                    "--enforce-eager", "--skip-tokenizer-init", "--max-model-len", "256",
                                    "--gpu-memory-utilization", "0.1", "--port", str(port),
@@ -393,18 +422,17 @@ def test_the_vllm_serve_example_runs_as_written_through_vllms_trainer_api(tmp_pa
                 assert time.time() < deadline, f"the server did not answer in 300 s:\n{_tail(logs['server'])}"
                 time.sleep(1)
         print(f"test_vllm: vllm serve up on port {port}; running examples/vllm/train.py", flush=True)
-        train = subprocess.run([torchrun(), "--standalone", "--nproc-per-node", "2", os.path.join(ex, "train.py"),
-                                "--controller", address, "--job", "serve", "--server", url, "--steps", str(VERSIONS)],
-                               stdout=subprocess.PIPE, stderr=open(logs["train"], "w"), env=env, timeout=TIMEOUT)
+        train = _popen([torchrun(), "--standalone", "--nproc-per-node", "2", os.path.join(ex, "train.py"),
+                        "--controller", address, "--job", "serve", "--server", url, "--steps", str(VERSIONS)],
+                       stdout=subprocess.PIPE, stderr=open(logs["train"], "w"), env=env)
+        procs.append(train)
+        try:
+            out, _ = train.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"train.py still running after {TIMEOUT} s:\n{_tail(logs['train'])}")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    out = train.stdout.decode()
+        _stop(procs, grace_s=30)
+    out = out.decode()
     print(out, flush=True)
     assert train.returncode == 0, f"train.py exited {train.returncode}:\n{_tail(logs['train'])}\nserver:\n{_tail(logs['server'])}"
     lines = [ln for ln in out.splitlines() if ln.startswith("train: step")]
