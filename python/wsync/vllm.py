@@ -195,6 +195,13 @@ def describe_model(model):
         raise ValueError(f"wsync vLLM backend cannot map {type(model).__name__}: vLLM renames its checkpoint's "
                          f"tensors (hf_to_vllm_mapper), which wsync's mapping does not follow yet")
     tensors, rules, seen, quantize = [], [], set(), []
+
+    def add_rule(rule):  # one rule per layer kind, however many layers share it
+        key = json.dumps(rule, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            rules.append(rule)
+
     for mname, module in model.named_modules():
         own = dict(module.named_parameters(recurse=False))
         if not own:
@@ -207,10 +214,7 @@ def describe_model(model):
         if isinstance(quant_method, FusedMoEMethodBase):
             for t, rule in _experts(mname, module, loading, own):
                 tensors.append(t)
-                key = json.dumps(rule, sort_keys=True)
-                if key not in seen:
-                    seen.add(key)
-                    rules.append(rule)
+                add_rule(rule)
             continue
         in_place = quant_method is None or _computes_from_loading_format(module, quant_method, loading)
         parts = _packed_parts(model, mname, module)
@@ -227,11 +231,7 @@ def describe_model(model):
             tp = _tp_of(module, meta, name)
             tensors.append(EngineTensor(name, mname, pname, IN_PLACE if in_place else PROCESSED, t, tp))
             if parts:
-                rule = _concat_rule(module, name, mname, pname, parts, tp)
-                key = json.dumps(rule, sort_keys=True)
-                if key not in seen:
-                    seen.add(key)
-                    rules.append(rule)
+                add_rule(_concat_rule(module, name, mname, pname, parts, tp))
     return tensors, rules, quantize
 
 
