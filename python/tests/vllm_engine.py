@@ -66,25 +66,40 @@ def tokens(llm):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def worker_tensors(llm):
-    from wsync.vllm import engine_tensors
+def model_digests(model):
+    """{name: (dtype, shape, sha256 of the bytes)} of every parameter and
+    persistent buffer `model` computes from."""
+    import hashlib
 
-    return llm.collective_rpc(engine_tensors)
+    import torch
+
+    def digest(t):
+        t = t.detach().cpu().contiguous()
+        return str(t.dtype), list(t.shape), hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy()).hexdigest()
+
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return {n: digest(t) for n, t in named}
+
+
+def worker_digests(worker):
+    """For `collective_rpc`: model_digests of the worker's model. Digests, not
+    the tensors: shipping a model's worth of tensors back through vLLM's
+    message queues once aborted an engine process in CI (std::terminate in a
+    tensor's deleter, freed inside vLLM's msgspec hooks on another thread)."""
+    return model_digests(worker.model_runner.get_model())
 
 
 def first_difference(got, want):
-    """None if every worker's tensors equal the reference's bit for bit,
-    else a line naming the first that differs."""
-    import torch
-
+    """None if every worker's digests equal the reference's, else a line
+    naming the first tensor that differs."""
     for rank, (g, w) in enumerate(zip(got, want)):
         if set(g) != set(w):
             return f"worker {rank}: names differ: {sorted(set(g) ^ set(w))[:5]}"
         for name in sorted(w):
-            a, b = g[name], w[name]
-            if a.dtype != b.dtype or a.shape != b.shape:
-                return f"worker {rank}: {name}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
-            if not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+            (gd, gs, gh), (wd, ws, wh) = g[name], w[name]
+            if gd != wd or gs != ws:
+                return f"worker {rank}: {name}: {gd} {tuple(gs)} vs {wd} {tuple(ws)}"
+            if gh != wh:
                 return f"worker {rank}: {name}: bytes differ"
     return None
 
@@ -128,7 +143,7 @@ def main():
         result["updates"][str(v)] = {"seconds": took, "reset_seconds": reset,
                                      "workers": [f["update"] for f in llm.collective_rpc(last_update)]}
         result["tokens"][str(v)] = tokens(llm)
-        got[v] = worker_tensors(llm)
+        got[v] = llm.collective_rpc(worker_digests)
         say(f"version {v} taken in {took:.3f} s; tokens {result['tokens'][str(v)][0][:6]}...")
     # A version that fails (here: failed by a trainer before any write):
     # update_weights raises with the controller's recorded cause, and the
@@ -154,7 +169,7 @@ def main():
     for v in range(1, a.versions + 1):
         ref = make_llm(os.path.join(a.out, f"ckpt_v{v}"), a.tp, wsync=False)
         result["reference_tokens"][str(v)] = tokens(ref)
-        result["tensors_equal"][str(v)] = first_difference(got[v], worker_tensors(ref)) or "equal"
+        result["tensors_equal"][str(v)] = first_difference(got[v], ref.collective_rpc(worker_digests)) or "equal"
         say(f"version {v}: reference tokens {result['reference_tokens'][str(v)][0][:6]}...; "
             f"tensors {result['tensors_equal'][str(v)]}")
         del ref

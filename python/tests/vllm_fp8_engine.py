@@ -119,8 +119,8 @@ def main():
 
     vllm_fp8.init_fp8_linear_kernel = lambda **kwargs: NoGemm()
 
-    from vllm_engine import first_difference
-    from wsync.vllm import WsyncWeightTransferEngine, engine_tensors
+    from vllm_engine import first_difference, model_digests
+    from wsync.vllm import WsyncWeightTransferEngine
 
     model, vllm_config = load(vllm_config_of, os.path.join(a.out, "fp8_v0"))
     engine = WsyncWeightTransferEngine(vllm_config.weight_transfer_config, vllm_config, torch.device("cpu"), model)
@@ -139,13 +139,9 @@ def main():
     dist.barrier()
     fresh, _ = load(vllm_config_of, os.path.join(a.out, "fp8_v1"))
 
-    class Worker:  # engine_tensors() reads worker.model_runner.get_model()
-        def __init__(self, m):
-            self.model_runner = type("R", (), {"get_model": staticmethod(lambda: m)})
-
-    got, want = engine_tensors(Worker(model)), engine_tensors(Worker(fresh))
+    got, want = model_digests(model), model_digests(fresh)
     first = first_difference([got], [want])
-    fp8 = sorted(n for n, t in want.items() if t.dtype == torch.float8_e4m3fn)
+    fp8 = sorted(n for n, (dtype, _, _) in want.items() if dtype == str(torch.float8_e4m3fn))
     result = {"equal": first or "equal", "fp8_tensors": fp8,
               "paths": {t.name: t.path for t in engine.tensors},
               "layout": {t.name: {"shape": list(t.tensor.shape), "dtype": str(t.tensor.dtype), "tp": t.tp}

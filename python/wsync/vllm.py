@@ -506,15 +506,6 @@ def _reprocess(module, buffers):
     module._non_persistent_buffers_set.update(non_persistent)
 
 
-def engine_tensors(worker):
-    """For `collective_rpc`: {name: tensor (CPU copy)} of every parameter and
-    persistent buffer the worker's model computes from."""
-    model = worker.model_runner.get_model()
-    out = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-    out.update({n: b.detach().cpu().clone() for n, b in model.named_buffers()})
-    return out
-
-
 def last_update(worker):
     """For `collective_rpc`: the backend's figures of its last update."""
     engine = getattr(worker, "weight_transfer_engine", None)
