@@ -76,7 +76,7 @@ class InferenceAgent(SessionOwner):
                   "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),
                   "shadow": bool(shadow), "staging": str(staging), "paced": bool(paced)}
         # The shadow (shadow mode, host staging) is allocated by the session.
-        self._session = _C.InferenceSession(json.dumps(config), regions)
+        self._opened(_C.InferenceSession(json.dumps(config), regions))
         self.paced = bool(paced)
         self.last_update = None
 

@@ -112,7 +112,7 @@ class TrainerAgent(SessionOwner):
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
                   "cuda_device": self._cuda_device, "host_shards": host_shards, "checksums": bool(checksums),
                   "staging": str(staging)}
-        self._session = _C.TrainerSession(json.dumps(config), groups)
+        self._opened(_C.TrainerSession(json.dumps(config), groups))
         self._groups = groups  # the process groups outlive the session
         self._last = None
 
