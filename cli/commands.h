@@ -16,6 +16,7 @@ void AddControllerCommand(CLI::App& app);          // cli/controller_command.cc
 void AddSecretCommand(CLI::App& app);              // cli/secret_command.cc
 void AddTrainerAgentCommand(CLI::App& app);        // cli/trainer_agent_command.cc
 void AddInferenceAgentCommand(CLI::App& app);      // cli/inference_agent_command.cc
+void AddDoctorCommand(CLI::App& app);              // cli/doctor_command.cc
 // Options shared by `plan` and `bench plan` (cli/plan_command.cc).
 void AddPlanSourceOptions(CLI::App& cmd, PlanSource* src);
 void AddLinkModelOptions(CLI::App& cmd, LinkModel* link);

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   wsync::cli::AddSecretCommand(app);
   wsync::cli::AddTrainerAgentCommand(app);
   wsync::cli::AddInferenceAgentCommand(app);
+  wsync::cli::AddDoctorCommand(app);
   wsync::cli::AddBenchCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;

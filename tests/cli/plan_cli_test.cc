@@ -13,33 +13,12 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/cli/run_wsync.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-RunResult RunWsync(const std::string& args, const fs::path& dir) {
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = std::string(WSYNC_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto slurp = [](const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
 
 json Load(const std::string& name) {
   std::ifstream f(fs::path(WSYNC_CLI_DATA) / "good" / name);
