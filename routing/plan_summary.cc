@@ -373,7 +373,8 @@ StatusOr<PlanSummary> SummarizeFromRankPlans(const RoutingTable& table, const Tr
   const RankPlans each = [&](const std::function<void(const TrainerRankPlan&)>& visit) -> Status {
     for (size_t r = 0; r < trainer.ranks.size(); ++r) {
       WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan,
-                             ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r]));
+                             ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r],
+                                                    /*list_writes=*/false));
       visit(plan);
     }
     return Status::Ok();

@@ -199,7 +199,7 @@ StatusOr<DType> DTypeOf(const nlohmann::json& j) {
 
 StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
                                                  const InferenceSpec& inference, int32_t rank,
-                                                 const std::vector<uint32_t>* rank_ops) {
+                                                 const std::vector<uint32_t>* rank_ops, bool list_writes) {
   if (rank < 0 || static_cast<size_t>(rank) >= trainer.ranks.size()) {
     return NotFound("trainer rank " + std::to_string(rank) + " is not in the plan (world of " +
                     std::to_string(trainer.ranks.size()) + ")");
@@ -313,12 +313,27 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
       // A planned exchange (shards recorded); a source nobody writes then
       // gathers nothing.
       if (rs.gather_dim >= 0 && !src.shards.empty()) PlanExchange(src, rank, &rs);
+      std::optional<bool> whole_blocks;  // rs.held covers whole fp8 blocks; asked once per source
       for (const WriteOp* op : ops_by_source[static_cast<int32_t>(s)]) {
         const DestTensor& dst = table.destinations[op->dst];
+        const DType dst_dtype = op->kind == WriteKind::kScale ? DType::kFP32 : dst.dtype;
+        if (op->kind == WriteKind::kWeight && dst_dtype == DType::kFP8E4M3) {
+          if (!whole_blocks) whole_blocks = WholeBlocks(rs.held, src.global_shape, rs.block_rows, rs.block_cols);
+          if (!*whole_blocks) {
+            return InvalidArgument("tensor '" + src.name + "': fp8 blocks need whole " +
+                                   std::to_string(rs.block_rows) + "x" + std::to_string(rs.block_cols) +
+                                   " blocks of the last two dims after unshard, but rank " + std::to_string(rank) +
+                                   " holds " + BoxText(rs.held));
+          }
+        }
+        plan.write_bytes += op->bytes;
+        plan.writes += op->planes;
+        peers.insert(op->dst_rank);
+        if (!list_writes) continue;
         RankWrite w;
         w.dst_rank = op->dst_rank;
         w.kind = op->kind;
-        w.dst_dtype = op->kind == WriteKind::kScale ? DType::kFP32 : dst.dtype;
+        w.dst_dtype = dst_dtype;
         w.src_box = op->src_box;
         w.region = op->kind == WriteKind::kScale ? dst.scale_where.region : dst.where.region;
         w.region_offset = (op->kind == WriteKind::kScale ? dst.scale_where.offset : dst.where.offset) + op->dst_offset;
@@ -327,15 +342,6 @@ StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, cons
         w.planes = op->planes;
         w.plane_dim = op->plane_dim;
         w.plane_stride = op->plane_stride;
-        if (w.kind == WriteKind::kWeight && w.dst_dtype == DType::kFP8E4M3 &&
-            !WholeBlocks(rs.held, src.global_shape, rs.block_rows, rs.block_cols)) {
-          return InvalidArgument("tensor '" + src.name + "': fp8 blocks need whole " + std::to_string(rs.block_rows) +
-                                 "x" + std::to_string(rs.block_cols) + " blocks of the last two dims after unshard, but rank " +
-                                 std::to_string(rank) + " holds " + BoxText(rs.held));
-        }
-        plan.write_bytes += w.bytes;
-        plan.writes += w.planes;
-        peers.insert(w.dst_rank);
         rs.writes.push_back(std::move(w));
       }
       group.sources.push_back(std::move(rs));

@@ -132,9 +132,13 @@ Rows ExchangeNeedRows(const SourceTensor& src, int32_t rank, int dim, Rows held)
 // ops (src_rank == rank for a trainer, dst_rank == rank for an inference
 // rank), in table order, so a caller serving every rank (the controller)
 // extracts each in time of its own share instead of scanning the table.
+// `list_writes` false: the writes are checked and counted (write_bytes,
+// writes, peers) but RankSource::writes stays empty, which is all a plan
+// summary needs (listing Kimi-K2's 18 M writes was most of its modeling).
 StatusOr<TrainerRankPlan> ExtractTrainerRankPlan(const RoutingTable& table, const TrainerSpec& trainer,
                                                  const InferenceSpec& inference, int32_t rank,
-                                                 const std::vector<uint32_t>* rank_ops = nullptr);
+                                                 const std::vector<uint32_t>* rank_ops = nullptr,
+                                                 bool list_writes = true);
 // Every trainer rank's plan, indexing the table's ops once. Fails like
 // ExtractTrainerRankPlan, on the first rank the pipeline refuses. Without
 // `writes`, each rank's unshard only (sources, held boxes, exchange rows; no
