@@ -342,7 +342,7 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   const uint8_t* quantize_from = held;
   if ((local == nullptr && sw.local_bytes > 0) || bytes != sw.local_bytes) {
     RecordError(FailedPrecondition(Where(sw) + ": the trainer exports " + std::to_string(bytes) +
-                                   " bytes for it, but the plan's local shard " + BoxStr(src.local) + " is " +
+                                   " bytes for it, but the plan's local shard " + BoxText(src.local) + " is " +
                                    std::to_string(sw.local_bytes) + " bytes"));
     if (sw.exchange) {  // the exchange still runs, on zeros
       Status z = Zero(base + sw.send_at, sw.transient_bytes - sw.send_at);

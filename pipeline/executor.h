@@ -7,7 +7,10 @@
 //      needs fit under the watermark (writes in flight give theirs back);
 //   2. copy: the local shard out of the ShardSource into temporary memory
 //      (host-to-device on GPU; a plain copy on host);
-//   3. all-gather (full_tensor) along gather_dim over gather_ranks (Gloo);
+//   3. unshard along gather_dim over gather_ranks: the planned exchange
+//      (each peer sends only the rows this rank's writes read; what the
+//      planner makes by default), or for a plan made without it an
+//      all-gather of the whole held box (full_tensor);
 //   4. quantize to fp8 e4m3 128x128 blocks when a write wants fp8 or scales;
 //   5. pack each write's src_box row-major into registered staging and post
 //      it as a one-sided write with immediate = version (low 32 bits); the
@@ -93,7 +96,7 @@ struct ExecutorOptions {
 // Seconds spent per stage in one Run.
 struct StageSeconds {
   double copy = 0;            // local shard -> temporary memory
-  double unshard = 0;         // all-gathers (full_tensor) and planned exchanges
+  double unshard = 0;         // planned exchanges, or all-gathers (full_tensor)
   double quantize_pack = 0;   // fp8 quantize + packing boxes into staging
   double post = 0;            // handing writes to the engine
   double watermark_wait = 0;  // waiting for temporary memory

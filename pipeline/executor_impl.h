@@ -27,15 +27,6 @@ inline double Since(Clock::time_point t) { return std::chrono::duration<double>(
 
 inline uint64_t Elements(const Box& b) { return static_cast<uint64_t>(b.NumElements()); }
 
-inline std::string BoxStr(const Box& b) {
-  std::string s = "[";
-  for (int d = 0; d < b.ndim; ++d) {
-    if (d > 0) s += ", ";
-    s += std::to_string(b.offset[d]) + ":" + std::to_string(b.offset[d] + b.size[d]);
-  }
-  return s + "]";
-}
-
 // Descriptors travel as hex text in JSON documents (MemoryDescriptor::ToText);
 // raw Serialize() bytes are accepted too.
 inline StatusOr<transport::MemoryDescriptor> ParseDescriptorText(const std::string& text) {

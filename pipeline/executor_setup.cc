@@ -25,8 +25,8 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
   sw.local_bytes = Elements(src.local) * esize;
   sw.held_bytes = Elements(src.held) * esize;
   if (!src.exchange() && !BoxWithin(src.local, src.held)) {
-    return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not inside the held box " +
-                           BoxStr(src.held));
+    return InvalidArgument(where + ": local shard " + BoxText(src.local) + " is not inside the held box " +
+                           BoxText(src.held));
   }
 
   const bool gathers = src.gather_dim >= 0 && src.gather_ranks.size() > 1 && !src.exchange();
@@ -48,9 +48,9 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
                                     src.local.size[d] == chunk.size
                               : src.local.offset[d] == src.held.offset[d] && src.local.size[d] == src.held.size[d];
       if (!ok) {
-        return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " is not piece " +
+        return InvalidArgument(where + ": local shard " + BoxText(src.local) + " is not piece " +
                                std::to_string(index) + " of " + std::to_string(size) + " of the held box " +
-                               BoxStr(src.held) + " along dim " + std::to_string(gd));
+                               BoxText(src.held) + " along dim " + std::to_string(gd));
       }
     }
     int64_t outer = 1, inner = esize;
@@ -67,8 +67,8 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     sw.transient_bytes = AlignTemp(sw.held_bytes) + (outer > 1 ? AlignTemp(sw.held_bytes) : 0);
   } else {
     if (src.local != src.held) {
-      return InvalidArgument(where + ": holds " + BoxStr(src.held) + " after unshard but has no all-gather for its " +
-                             "local shard " + BoxStr(src.local));
+      return InvalidArgument(where + ": holds " + BoxText(src.held) + " after unshard but has no all-gather for its " +
+                             "local shard " + BoxText(src.local));
     }
     sw.transient_bytes = AlignTemp(sw.held_bytes);
   }
@@ -98,7 +98,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     }
     if (!WholeBlocks(src.held, src.global_shape, src.block_rows, src.block_cols)) {
       return InvalidArgument(where + ": fp8 blocks need whole 128x128 blocks of the last two dims, but the rank holds " +
-                             BoxStr(src.held));
+                             BoxText(src.held));
     }
     grid = HeldScaleGrid(src.held);
     sw.q_at = sw.transient_bytes;
@@ -112,8 +112,8 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     const std::string wwhere = WriteWhere(sw, w);
     const bool scale = w.kind == WriteKind::kScale;
     if (w.src_box.ndim != n || !BoxWithin(w.src_box, scale ? grid : src.held)) {
-      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is outside what the rank holds (" +
-                             BoxStr(scale ? grid : src.held) + (scale ? " in the block grid)" : ")"));
+      return InvalidArgument(wwhere + ": box " + BoxText(w.src_box) + " is outside what the rank holds (" +
+                             BoxText(scale ? grid : src.held) + (scale ? " in the block grid)" : ")"));
     }
     if (scale && w.dst_dtype != DType::kFP32) {
       return InvalidArgument(wwhere + ": scales are fp32, the plan says " + std::string(DTypeName(w.dst_dtype)));
@@ -124,7 +124,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
     }
     const uint64_t want = Elements(w.src_box) * DTypeSize(w.dst_dtype);
     if (w.bytes != want) {
-      return InvalidArgument(wwhere + ": box " + BoxStr(w.src_box) + " is " + std::to_string(want) +
+      return InvalidArgument(wwhere + ": box " + BoxText(w.src_box) + " is " + std::to_string(want) +
                              " bytes of " + std::string(DTypeName(w.dst_dtype)) + ", the plan says " +
                              std::to_string(w.bytes));
     }
@@ -213,7 +213,7 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
     const bool same = lo == src.held.offset[d] && src.local.size[d] == src.held.size[d];
     const bool inside = src.held.offset[d] >= lo && src.held.offset[d] + src.held.size[d] <= hi;
     if (d != gd && !(same || (d == cd && inside))) {
-      return InvalidArgument(where + ": local shard " + BoxStr(src.local) + " and held rows " + BoxStr(src.held) +
+      return InvalidArgument(where + ": local shard " + BoxText(src.local) + " and held rows " + BoxText(src.held) +
                              " differ outside the exchanged dim " + std::to_string(gd) +
                              (cd >= 0 ? " and the narrowed dim " + std::to_string(cd) : std::string()));
     }
@@ -235,7 +235,7 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
     if (r.size < 0 || (r.size > 0 && r.offset != at)) {
       return InvalidArgument(where + ": piece from rank " + std::to_string(src.gather_ranks[i]) + " (rows " +
                              std::to_string(r.offset) + "+" + std::to_string(r.size) + ") does not follow row " +
-                             std::to_string(at) + " of the held rows " + BoxStr(src.held));
+                             std::to_string(at) + " of the held rows " + BoxText(src.held));
     }
     at += r.size;
     const Rows c = cd >= 0 ? src.send_cols[i] : Rows{};
@@ -246,7 +246,7 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
       return InvalidArgument(where + ": piece for rank " + std::to_string(src.gather_ranks[i]) + " (rows " +
                              std::to_string(s.offset) + "+" + std::to_string(s.size) +
                              (cd >= 0 ? ", cols " + std::to_string(c.offset) + "+" + std::to_string(c.size) : "") +
-                             ") is outside the local shard " + BoxStr(src.local));
+                             ") is outside the local shard " + BoxText(src.local));
     }
     const int64_t row = cd >= 0 ? c.size * esize : local_inner;
     sw->recv_bytes.push_back(planes * r.size * inner);
@@ -259,13 +259,13 @@ Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::str
   }
   if (at != src.held.offset[gd] + src.held.size[gd]) {
     return InvalidArgument(where + ": the received pieces end at row " + std::to_string(at) + ", the held rows " +
-                           BoxStr(src.held) + " do not");
+                           BoxText(src.held) + " do not");
   }
   const size_t mine = static_cast<size_t>(me - src.gather_ranks.begin());
   if (cd >= 0 && src.send_rows[mine].size > 0 &&
       !(src.send_cols[mine] == Rows{src.held.offset[cd], src.held.size[cd]})) {
     return InvalidArgument(where + ": keeps cols " + std::to_string(src.send_cols[mine].offset) + "+" +
-                           std::to_string(src.send_cols[mine].size) + " of its shard but holds " + BoxStr(src.held));
+                           std::to_string(src.send_cols[mine].size) + " of its shard but holds " + BoxText(src.held));
   }
   if (sw->recv_bytes[mine] != sw->send_bytes[mine]) {
     return InvalidArgument(where + ": keeps " + std::to_string(sw->send_bytes[mine]) + " bytes of its shard but places " +

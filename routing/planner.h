@@ -1,10 +1,12 @@
 // The planner: metadata model -> static RoutingTable (routing_table.h).
 //
 // Called once per setup by the controller and by `wsync plan`. Semantics
-// (docs/SCHEMA.md): after full_tensor over its MeshGroup's gather dims a
-// trainer rank holds a box of each source; every destination byte (weights
-// and fp8 block scales) of every inference rank is written exactly once, by
-// one rank that holds the needed source box. Among candidates the planner
+// (docs/SCHEMA.md): after unsharding over its MeshGroup's gather dims (by
+// default the planned exchange, which brings a rank only the rows it
+// writes; full_tensor without it) a trainer rank holds a box of each
+// source; every destination byte (weights and fp8 block scales) of every
+// inference rank is written exactly once, by one rank that holds the
+// needed source box. Among candidates the planner
 // balances bytes per sender rank and per sender NIC (host, nic), greedily
 // largest job first, ties to the lowest rank; loads are balanced per
 // MeshGroup, because MeshGroups run one after another. Writes are split only

@@ -1,5 +1,5 @@
 // Registration of one buffer on one NIC's domain (host or CUDA memory via
-// FI_HMEM). LibfabricMemoryRegion (libfabric_memory_region.h) holds one of
+// FI_HMEM). LibfabricMemoryRegion (memory_region.h) holds one of
 // these per NIC.
 #pragma once
 
