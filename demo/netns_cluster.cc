@@ -25,7 +25,7 @@ int Run(const std::string& cmd, std::string* output = nullptr) {
 
 Status Must(const std::string& cmd) {
   std::string out;
-  if (Run(cmd, &out) != 0) return Unavailable("emulated cluster: `" + cmd + "` failed: " + out);
+  if (Run(cmd, &out) != 0) return Internal("emulated cluster: `" + cmd + "` failed: " + out);
   return Status::Ok();
 }
 
@@ -56,7 +56,12 @@ Status EmulatedCluster::Build() {
   link_prefix_ = "ws" + pid;  // + "s12"/"h12"/"r"/"u": <= 15 chars for pids up to 7 digits
   subnet_ = "198.18." + std::to_string(1 + getpid() % 250) + ".";
   switch_ = prefix_ + "-sw";
-  WSYNC_RETURN_IF_ERROR(Must("ip netns add " + switch_));
+  // The first namespace tells whether this machine lets us make any (a
+  // container without CAP_NET_ADMIN does not): Unavailable. Any later
+  // failure is a broken cluster, an error.
+  if (Status s = Must("ip netns add " + switch_); !s.ok()) {
+    return Unavailable("emulated cluster: cannot create network namespaces here (" + s.message() + ")");
+  }
   made_netns_.push_back(switch_);
   const std::string sw = "ip -n " + switch_ + " ";
   WSYNC_RETURN_IF_ERROR(Must(sw + "link set lo up"));

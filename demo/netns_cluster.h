@@ -6,7 +6,8 @@
 // Used by `wsync bench cluster` (capped hosts) and the netns integration test
 // (uncapped, trainer and inference ranks in separate namespaces). Needs root,
 // iproute2 (`ip`, `tc`) and the bridge/veth/tbf kernel support; Create says
-// which is missing. Every namespace and link it made is deleted by the
+// which is missing (Unavailable: root, the tools, or any namespace at all;
+// Internal: a cluster that failed to build where namespaces can be made). Every namespace and link it made is deleted by the
 // destructor, also when Create fails half way.
 //
 // Addresses: subnet 198.18.S.0/24 (S from the pid, so two clusters of two
