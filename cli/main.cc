@@ -3,8 +3,12 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "transport/libfabric/foreign_signals.h"
 
 int main(int argc, char** argv) {
+  // Before anything else: Debian's libfabric took SIGINT and SIGTERM at load
+  // (transport/libfabric/foreign_signals.h); a stopped agent must just stop.
+  wsync::transport::fabric::ReleaseSignalsFromInfinipath();
   CLI::App app{"wsync: RDMA weight synchronization for RL post-training"};
   app.require_subcommand(1);
   wsync::cli::AddDemoCommand(app);

@@ -429,3 +429,27 @@ def test_a_config_key_the_core_does_not_know_is_one_clear_error():
         _C.InferenceSession(json.dumps({"rank": {}, "controler": "127.0.0.1:1"}), [])
     with pytest.raises(ValueError, match=r"trainer config: unknown key 'watermark'"):
         _C.TrainerSession(json.dumps({"registration": {}, "controller": "127.0.0.1:1", "job": "j", "watermark": 1}), [])
+
+
+@pytest.mark.parametrize("sig, after", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, None)])
+def test_a_process_that_imported_wsync_still_takes_ctrl_c_and_sigterm_as_python_does(tmp_path, sig, after):
+    """Debian's libfabric (which wsync._C loads) links libinfinipath, whose
+    constructor took SIGINT and SIGTERM and answered them with a backtrace
+    file and exit() from inside the handler: no KeyboardInterrupt, and exit
+    handlers run under live threads (the crash dumps of issue #28's CI).
+    Importing wsync must leave both signals to Python."""
+    script = ("import time, wsync\nprint('ready', flush=True)\n"
+              "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True)\n")
+    # As a terminal starts it: no IPATH_NO_BACKTRACE, SIGINT at its default
+    # (a test runner started in the background inherits it ignored).
+    env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=tmp_path, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout.readline() == b"ready\n"
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=60)
+    if after:
+        assert (out.decode().strip(), p.returncode) == (after, 0)
+    else:
+        assert p.returncode == -sig, out
+    assert not list(tmp_path.glob("*.btr")), "a backtrace file: libinfinipath's handler ran"

@@ -11,6 +11,14 @@ libfabric), following a routing table a controller computed once.
 See docs/PYTHON.md.
 """
 
+import os
+
+# Before _C loads libfabric: Debian's and Ubuntu's link libinfinipath, whose
+# constructor would otherwise take SIGINT and SIGTERM and answer them with
+# exit() from inside a signal handler (no KeyboardInterrupt, atexit handlers
+# run under live threads: transport/libfabric/foreign_signals.h).
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
 from ._inference import ChecksumError, InferenceAgent, StoreVersions, VersionError, export_cuda_ipc
 from ._trainer import Push, PushError, ShardExporter, TrainerAgent, export_shards
 

@@ -7,6 +7,7 @@
 #include "transport/libfabric/callback_thread.h"
 #include "transport/libfabric/domain_group.h"
 #include "transport/libfabric/fabric_info.h"
+#include "transport/libfabric/foreign_signals.h"
 #include "transport/libfabric/memory_region.h"
 
 namespace wsync::transport::fabric {
@@ -14,6 +15,7 @@ namespace wsync::transport::fabric {
 class LibfabricEngine final : public Engine {
  public:
   static StatusOr<std::unique_ptr<Engine>> Create(const LibfabricOptions& options) {
+    ReleaseSignalsFromInfinipath();
     std::unique_ptr<LibfabricEngine> engine(new LibfabricEngine);
     WSYNC_ASSIGN_OR_RETURN(engine->group_, DomainGroup::Start(options, &engine->callbacks_));
     const uint32_t v = fi_version();
