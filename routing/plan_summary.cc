@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
@@ -370,12 +372,28 @@ StatusOr<PlanSummary> SummarizeFromRankPlans(const RoutingTable& table, const Tr
   // Each rank's ops, indexed once; none without writes (unshard only).
   const std::vector<std::vector<uint32_t>> ops_of =
       writes ? OpsByTrainer(table, trainer.ranks.size()) : std::vector<std::vector<uint32_t>>(trainer.ranks.size());
+  // Ranks are extracted a batch at a time, one per core (each only reads
+  // the table and the specs), and visited in rank order: what the summary
+  // adds up does not depend on the cores, and a batch of plans without
+  // writes is small.
+  const size_t lanes = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
   const RankPlans each = [&](const std::function<void(const TrainerRankPlan&)>& visit) -> Status {
-    for (size_t r = 0; r < trainer.ranks.size(); ++r) {
-      WSYNC_ASSIGN_OR_RETURN(TrainerRankPlan plan,
-                             ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r],
-                                                    /*list_writes=*/false));
-      visit(plan);
+    const size_t n = trainer.ranks.size();
+    std::vector<std::optional<StatusOr<TrainerRankPlan>>> batch(lanes);
+    auto extract = [&](size_t r, size_t slot) {
+      batch[slot] = ExtractTrainerRankPlan(table, trainer, inference, static_cast<int32_t>(r), &ops_of[r],
+                                           /*list_writes=*/false);
+    };
+    for (size_t first = 0; first < n; first += lanes) {
+      const size_t count = std::min(lanes, n - first);
+      std::vector<std::thread> helpers;
+      for (size_t i = 1; i < count; ++i) helpers.emplace_back(extract, first + i, i);
+      extract(first, 0);
+      for (std::thread& t : helpers) t.join();
+      for (size_t i = 0; i < count; ++i) {
+        if (!batch[i]->ok()) return batch[i]->status();  // the lowest rank's error, as before
+        visit(**batch[i]);
+      }
     }
     return Status::Ok();
   };
