@@ -177,7 +177,15 @@ class Driver {
     std::optional<uint32_t> imm;
     if (o_.imm) imm = 1;
     if (pattern_ == "paged") {
-      transport::PagedWrite w{src_, {src_idx_, page_, 0}, dst_, {dst_idx_, page_, 0}, page_, imm};
+      transport::PagedWrite w;
+      w.src = src_;
+      w.src_pages.indices = src_idx_;
+      w.src_pages.stride = page_;
+      w.dst = dst_;
+      w.dst_pages.indices = dst_idx_;
+      w.dst_pages.stride = page_;
+      w.page_length = page_;
+      w.imm = imm;
       return engine_->WritePaged(std::move(w), std::move(cb));
     }
     return engine_->Write({src_, 0, dst_, 0, size_, imm}, std::move(cb));

@@ -67,8 +67,10 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   StopOnSignal signals("inference-agent");
   StatusOr<InferenceRank> rank = LoadInferenceRank(flags);
   if (!rank.ok()) return fail(rank.status());
-  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
-      flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
+  controller::ClientOptions client_options;
+  client_options.tls_ca_file = flags.tls_ca_file;
+  StatusOr<controller::ControllerClient> client =
+      controller::ControllerClient::Connect(flags.controller, flags.secret_file, client_options);
   if (!client.ok()) return fail(client.status());
 
   std::optional<cuda_ipc::Export> ipc;

@@ -67,8 +67,10 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   StopOnSignal signals("trainer-agent");
   StatusOr<TrainerRankSpec> spec = LoadTrainerRank(flags);
   if (!spec.ok()) return fail(spec.status());
-  StatusOr<controller::ControllerClient> client = controller::ControllerClient::Connect(
-      flags.controller, flags.secret_file, controller::ClientOptions{.tls_ca_file = flags.tls_ca_file});
+  controller::ClientOptions client_options;
+  client_options.tls_ca_file = flags.tls_ca_file;
+  StatusOr<controller::ControllerClient> client =
+      controller::ControllerClient::Connect(flags.controller, flags.secret_file, client_options);
   if (!client.ok()) return fail(client.status());
   std::string shm_name = flags.shm_name;
   if (shm_name.empty()) {
