@@ -78,17 +78,17 @@ SKIP_LABELS='^scale$'
 # TSan runs the suites that have threads or processes talking: common,
 # transport, pipeline, controller, inference_agent, trainer_agent,
 # integration. Left out (by ctest label, tests/CMakeLists.txt): routing,
-# models, cli and demo, single-threaded planning, spec generation and link
-# arithmetic (routing/ and models/ start no thread), where TSan can find
-# nothing; under TSan they were ~40% of its test time (routing 134 s,
+# models, cli, demo and delta, single-threaded planning, spec generation,
+# link arithmetic and the delta codec (none starts a thread), where TSan can
+# find nothing; under TSan they were ~40% of its test time (routing 134 s,
 # models 67 s of 545 s). ASan+UBSan runs every suite.
-TSAN_SKIP_LABELS='^(routing|models|cli|demo|scale)$'
+TSAN_SKIP_LABELS='^(routing|models|cli|demo|delta|scale)$'
 # ...and builds only what those suites run (~11% less to compile). A new
 # test binary missing here shows up under TSan as <name>_NOT_BUILT, failing:
 # add it here, or to the skipped labels and the _NOT_BUILT pattern below.
 TSAN_TARGETS=(wsync transport_peer common_test transport_test pipeline_test controller_test
   inference_agent_test trainer_agent_test integration_test)
-TSAN_NOT_BUILT='^(routing|models|cli|demo|controller_scale)_test_NOT_BUILT$'
+TSAN_NOT_BUILT='^(routing|models|cli|demo|delta|controller_scale)_test_NOT_BUILT$'
 
 # LeakSanitizer stops the process's threads with ptrace; some containers
 # forbid that and LSan then dies at exit instead of reporting. Probe once.
