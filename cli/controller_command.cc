@@ -36,6 +36,7 @@ struct ControllerCommandOptions {
   double heartbeat_timeout_s = 10;
   bool exchange = true;
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
+  uint32_t full_every = controller::ControllerOptions{}.full_every;
   int threads = 0;
   size_t max_connections = controller::ServerOptions{}.max_connections;
   size_t max_connections_per_address = controller::ServerOptions{}.max_connections_per_address;
@@ -71,6 +72,7 @@ int RunController(const ControllerCommandOptions& opt) {
   options.heartbeat_timeout_s = opt.heartbeat_timeout_s;
   options.exchange = opt.exchange;
   options.min_shard_piece_bytes = opt.min_shard_piece_bytes;
+  options.full_every = opt.full_every;
   options.log = LogLine;
   if (!opt.mapping.empty()) {
     nlohmann::json config;
@@ -167,6 +169,11 @@ void AddControllerCommand(CLI::App& app) {
                 "restarted when this changes");
   cmd->add_option("--min-shard-piece", opt->min_shard_piece_bytes,
                   "with --exchange: cut a piece at trainer shard edges only where each part keeps this many bytes")
+      ->capture_default_str();
+  cmd->add_option("--full-every", opt->full_every,
+                  "delta versions (inference agents with --delta, trainers with --delta): every K-th version goes "
+                  "whole, the others carry only what changed since the latest complete version (1: no deltas)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--secret-file", opt->secret_file,
                   "job secret (mode 0600; `wsync secret PATH` makes one): every request must be signed with it "

@@ -37,6 +37,22 @@ void PrintStages(const nlohmann::json& stats, uint64_t watermark) {
   for (const auto& [rank, s] : stats.items()) peak = std::max<uint64_t>(peak, s.value("peak_temp_bytes", 0));
   std::printf("\n    peak temporary memory %.1f MiB of a %.1f MiB watermark (max over trainer ranks)\n",
               peak / 1048576.0, watermark / 1048576.0);
+  uint64_t wire = 0, whole = 0, deltas = 0, writes = 0, copies = 0;
+  double find = 0;
+  for (const auto& [rank, s] : stats.items()) {
+    wire += s.value("written_bytes", uint64_t{0});
+    whole += s.value("write_bytes", uint64_t{0});
+    deltas += s.value("delta_writes", uint64_t{0});
+    writes += s.value("writes", uint64_t{0});
+    copies += s.value("delta_copy_bytes", uint64_t{0});
+    if (s.contains("stages")) find = std::max(find, s["stages"].value("delta", 0.0));
+  }
+  if (copies > 0) {
+    std::printf("    deltas: %llu of %llu writes; %.2f MiB on the wire for %.2f MiB of weights (%.1f%%); finding "
+                "changes %.3f s (slowest rank); copies of what receivers hold %.1f MiB\n",
+                static_cast<unsigned long long>(deltas), static_cast<unsigned long long>(writes), wire / 1048576.0,
+                whole / 1048576.0, whole > 0 ? 100.0 * wire / whole : 0.0, find, copies / 1048576.0);
+  }
 }
 
 int RunDemo(DemoOptions opt) {
@@ -116,6 +132,14 @@ void AddDemoCommand(CLI::App& app) {
   cmd->add_option("--job", opt->sync.job, "job name (shared-memory names)");
   cmd->add_option("--work-dir", opt->sync.work_dir, "logs and controller state");
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check");
+  cmd->add_option("--delta", opt->sync.full_every,
+                  "delta versions: agents with --delta, the controller with --full-every K (every K-th update whole; "
+                  "0: no deltas)")
+      ->capture_default_str();
+  cmd->add_option("--drift", opt->sync.drift,
+                  "synthetic weights: about 1/P of the elements change per update (1: all, as by default)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--exchange,!--full-tensor", opt->sync.exchange,
                 "unshard by the planned exchange (the default: each trainer rank receives only the rows it writes) "
                 "or all-gather whole tensors (--full-tensor)");

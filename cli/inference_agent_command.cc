@@ -61,6 +61,10 @@ void AddInferenceAgentCommand(CLI::App& app) {
                 "shadow mode: writes land in a private copy of the weights (as much memory again), copied into "
                 "the store only once a version is complete on every rank, so a failed version leaves the last "
                 "complete one intact");
+  cmd->add_flag("--delta", flags->deltas,
+                "take delta versions (docs/DELTAS.md): a host-memory inbox of a third of the weights' size beside "
+                "them, where trainers running with --delta write only what changed; applied here before a version is "
+                "complete. The controller decides which versions go as deltas (--full-every)");
   cmd->add_flag("--paced", flags->paced,
                 "engine-paced: the weights change only when the engine asks (StoreVersions.update() in Python, "
                 "the store's update words); without --shadow trainers write only while it asks, with --shadow "

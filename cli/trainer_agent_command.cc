@@ -37,6 +37,10 @@ void AddTrainerAgentCommand(CLI::App& app) {
                   "bound on temporary memory in flight, bytes (suffixes KiB/MiB/GiB or KB/MB/GB accepted)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  cmd->add_flag("--delta", flags->deltas,
+                "delta versions (docs/DELTAS.md): keep a copy of what each write last sent (counted against "
+                "--watermark) and, for inference agents started with --delta, send only what changed where the "
+                "controller says their weights hold the version it was computed against");
   cmd->add_flag("--checksums", flags->checksums,
                 "send the controller a checksum of every write, for the inference agents' --verify-checksums "
                 "(a pass over the written bytes per version)");

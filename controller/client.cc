@@ -315,6 +315,15 @@ StatusOr<VersionStatus> ParseVersionStatus(const json& j) {
   v.landed = j.value("landed", false) == true;
   // A controller from before engine pacing admits every version it starts.
   v.admitted = j.value("admitted", true) == true;
+  if (const json d = j.value("delta", json()); d.is_object()) {
+    if (!d.value("base", json()).is_number_unsigned() || !d.value("ranks", json()).is_array())
+      return Internal("controller answered a version with a malformed 'delta': " + d.dump());
+    v.delta_base = d["base"].get<uint64_t>();
+    for (const json& r : d["ranks"]) {
+      if (!r.is_number_integer()) return Internal("controller answered a version with a malformed 'delta': " + d.dump());
+      v.delta_ranks.push_back(r.get<int32_t>());
+    }
+  }
   v.raw = j;
   return v;
 }

@@ -66,6 +66,10 @@ struct VersionStatus {
 
   bool landed = false;  // every inference rank done (shadow ranks copy it out next)
   bool admitted = false;  // trainers may write it (every engine-paced rank let it in)
+  // Delta versions: the inference ranks that take only what changed since
+  // `delta_base` (empty: every write goes whole).
+  uint64_t delta_base = 0;
+  std::vector<int32_t> delta_ranks;
   bool complete() const { return state == "complete"; }
   bool failed() const { return state == "failed"; }
   bool finished() const { return complete() || failed(); }

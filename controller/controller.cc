@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "delta/inbox.h"
 #include "routing/json_text.h"
 #include "routing/plan_io.h"
 #include "routing/planner.h"
@@ -248,6 +249,12 @@ void Controller::InstallPlanLocked(std::shared_ptr<const PlanState> plan) {
   // again from that pacing's default.
   for (const InferenceRank& r : plan_->inference.ranks)
     if (versions_.PacingOf(r.rank) != r.pacing) versions_.SetPacing(r.rank, r.pacing);
+  // Delta versions go to the ranks that registered inboxes (delta/inbox.h).
+  std::set<int32_t> inboxes;
+  for (const InferenceRank& r : plan_->inference.ranks)
+    for (const MemoryRegion& m : r.regions)
+      if (delta::IsInboxRegionId(m.id)) inboxes.insert(r.rank);
+  versions_.ConfigureDeltas(options_.full_every, std::move(inboxes));
   trainer_slices_.clear();
   inference_slices_.clear();
   planned_ = true;
@@ -523,6 +530,7 @@ StatusOr<json> Controller::RegisterInference(json body) {
     return rank.status();
   }
   if (planned_) {
+    versions_.ForgetHeld(*rank);  // a restarted rank's memory holds no version a delta could build on
     StatusOr<json> reply = ReRegisterLocked(Role::kInference, *rank, body, nullptr);
     if (!reply.ok()) RecordErrorLocked(Role::kInference, *rank, reply.status().message());
     return reply;

@@ -55,6 +55,11 @@ struct ControllerOptions {
   // false: full_tensor.
   bool exchange = true;
   uint64_t min_shard_piece_bytes = PlanOptions{}.min_shard_piece_bytes;
+  // Delta versions (docs/DELTAS.md), for inference ranks that registered
+  // inboxes: every full_every-th version goes whole, the others as deltas
+  // against the latest complete version where its receivers hold it intact.
+  // 1: every version whole.
+  uint32_t full_every = 10;
   // One line per event (registration, plan, version finished, timeout).
   std::function<void(const std::string&)> log;
   // Tests: called on the planning thread, without the mutex, before each

@@ -72,6 +72,7 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
   if (!committing.empty()) j["committing"] = committing;
   j["admitted"] = admitted;
   if (landed) j["landed"] = true;
+  if (!delta_ranks.empty()) j["delta"] = {{"base", delta_base}, {"ranks", delta_ranks}};
   if (!trainer_stats.empty()) {
     nlohmann::json stats = nlohmann::json::object();
     for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
@@ -126,6 +127,16 @@ StatusOr<VersionRecord*> VersionTracker::GetOrStart(uint64_t v, Clock::time_poin
   r.start = now;
   r.deadline = now + timeout_;
   r.started_unix = UnixNow();
+  if (has_complete_ && deltas_in_row_ + 1 < full_every_) {
+    for (const auto& [rank, held] : held_)
+      if (held == latest_complete_ && delta_capable_.count(rank) != 0) r.delta_ranks.push_back(rank);
+  }
+  if (r.delta_ranks.empty()) {
+    deltas_in_row_ = 0;
+  } else {
+    r.delta_base = latest_complete_;
+    ++deltas_in_row_;
+  }
   ++started_total_;
   Prune();
   AdmitReady();
@@ -320,10 +331,19 @@ void VersionTracker::Finish(VersionRecord* r, VersionState state, Clock::time_po
     last_update_seconds_ = r->seconds;
     if (!has_complete_ || r->version > latest_complete_) latest_complete_ = r->version;
     has_complete_ = true;
+    for (int32_t rank = 0; rank < inference_; ++rank) held_[rank] = r->version;  // every one took it whole
   } else {
     ++failed_total_;
+    // Some of its writes may have landed anywhere: nobody holds a version
+    // intact that a delta could build on until one completes again.
+    held_.clear();
   }
   AdmitReady();  // one that waited behind r may go now
+}
+
+void VersionTracker::ConfigureDeltas(uint32_t full_every, std::set<int32_t> ranks) {
+  full_every_ = std::max<uint32_t>(full_every, 1);
+  delta_capable_ = std::move(ranks);
 }
 
 void VersionTracker::Prune() {

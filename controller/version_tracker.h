@@ -62,6 +62,12 @@ struct VersionRecord {
   // admitted, i.e. every paced rank's gate lets v in (VersionTracker::Gate).
   // Without paced ranks a version is admitted when it starts.
   bool admitted = false;
+  // Delta versions (docs/DELTAS.md), fixed when the version starts: trainers
+  // may send inference rank r in `delta_ranks` only what changed since
+  // `delta_base`, the latest complete version, which r holds intact. Empty:
+  // every write goes whole.
+  uint64_t delta_base = 0;
+  std::vector<int32_t> delta_ranks;
 
   bool finished() const { return state != VersionState::kStarted; }
   nlohmann::json ToJson(std::chrono::steady_clock::time_point now) const;
@@ -125,6 +131,15 @@ class VersionTracker {
     return it == gates_.end() ? Pacing::kPush : it->second.first;
   }
 
+  // Delta versions. `ranks`: the inference ranks that registered delta
+  // inboxes (set with each plan). A new version goes as a delta to every
+  // such rank that holds the latest complete version intact (it completed
+  // there, and nothing since failed or registered it again), except every
+  // `full_every`-th version, which goes whole (1: no deltas at all).
+  void ConfigureDeltas(uint32_t full_every, std::set<int32_t> ranks);
+  // Inference rank `rank` registered (again): whatever it holds is unknown.
+  void ForgetHeld(int32_t rank) { held_.erase(rank); }
+
   // Fails every running version whose deadline passed; returns them.
   std::vector<const VersionRecord*> ExpireOverdue(Clock::time_point now);
 
@@ -170,6 +185,10 @@ class VersionTracker {
   uint64_t started_total_ = 0;
   uint64_t complete_total_ = 0;
   uint64_t failed_total_ = 0;
+  uint32_t full_every_ = 1;
+  std::set<int32_t> delta_capable_;
+  std::map<int32_t, uint64_t> held_;  // inference rank -> the complete version it holds intact
+  uint32_t deltas_in_row_ = 0;        // versions sent as deltas since the last full one
 };
 
 }  // namespace wsync::controller

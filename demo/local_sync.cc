@@ -170,6 +170,10 @@ Status LocalSync::StartController() {
       "--heartbeat-timeout", std::to_string(options_.heartbeat_timeout_s),
       "--secret-file", secret_path_};
   argv.push_back(options_.exchange ? "--exchange" : "--full-tensor");
+  if (options_.full_every > 0) {
+    argv.push_back("--full-every");
+    argv.push_back(std::to_string(options_.full_every));
+  }
   WSYNC_ASSIGN_OR_RETURN(controller_, ChildProcess::Spawn("controller", Wrap(host, argv),
                                                           options_.work_dir + "/controller.log"));
   WSYNC_ASSIGN_OR_RETURN(controller_address_, controller_.ReadLine(std::chrono::seconds(30)));
@@ -190,6 +194,7 @@ Status LocalSync::StartInferenceAgent(int32_t rank, bool attach) {
       "--job", options_.job, "--version-timeout", std::to_string(options_.version_timeout_s)};
   if (!options_.inference[rank].netns.empty()) argv.insert(argv.end(), {"--node", host.address});
   if (attach) argv.push_back("--attach");
+  if (options_.full_every > 0) argv.push_back("--delta");
   argv.insert(argv.end(), options_.extra_inference_args.begin(), options_.extra_inference_args.end());
   WSYNC_ASSIGN_OR_RETURN(inference_agents_[rank],
                          ChildProcess::Spawn("inference-agent " + std::to_string(rank), Wrap(host, argv),
@@ -207,6 +212,7 @@ Status LocalSync::StartTrainerAgent(int32_t rank) {
       "--watermark", std::to_string(options_.watermark), "--gloo-host", host.address,
       "--gloo-timeout", std::to_string(options_.gloo_timeout_s)};
   if (!host.netns.empty()) argv.insert(argv.end(), {"--node", host.address});
+  if (options_.full_every > 0) argv.push_back("--delta");
   argv.insert(argv.end(), options_.extra_trainer_args.begin(), options_.extra_trainer_args.end());
   WSYNC_ASSIGN_OR_RETURN(trainer_agents_[rank],
                          ChildProcess::Spawn("trainer-agent " + std::to_string(rank), Wrap(host, argv),
@@ -250,7 +256,7 @@ Status LocalSync::FillShards(uint64_t version, uint64_t* bytes) {
     const Job& job = jobs[i];
     WSYNC_ASSIGN_OR_RETURN(trainer_agent::ShardTensor t, exports_[job.rank]->Tensor(job.param->name));
     FillSyntheticBox(job.param->name, job.param->global_shape, LocalBox(*job.param), version,
-                     static_cast<uint16_t*>(t.data));
+                     static_cast<uint16_t*>(t.data), options_.drift);
     return Status::Ok();
   });
 }
@@ -305,7 +311,7 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
 
 Status LocalSync::Verify(uint64_t version, UpdateReport* report, int32_t only_rank) const {
   const auto start = Clock::now();
-  const Reference reference(specs_.trainer, specs_.mapping);
+  const Reference reference(specs_.trainer, specs_.mapping, options_.drift);
   // Every rank's store, its version word checked before any byte.
   std::vector<inference::EngineView> views;
   std::vector<const InferenceRank*> ranks;

@@ -52,6 +52,12 @@ struct LocalSyncOptions {
   double world_timeout_s = 120;     // controller: name missing ranks after this
   double heartbeat_timeout_s = 10;  // controller: declare a silent rank lost after this
   bool exchange = true;             // controller: plan the exchange; false: full_tensor
+  // Synthetic weights: about 1/drift of the elements change per version
+  // (demo/synthetic.h); 1: all of them.
+  uint32_t drift = 1;
+  // Delta versions: trainer and inference agents run with --delta, the
+  // controller with --full-every (docs/DELTAS.md); 0: no deltas.
+  uint32_t full_every = 0;
   // Fault scenarios for the integration tests.
   std::vector<int32_t> absent_inference;                // never started
   std::map<int32_t, std::string> trainer_cluster;       // rank -> another cluster spec

@@ -73,7 +73,7 @@ NdArray Slice(const NdArray& a, int d, int64_t begin, int64_t end) {
 // from the definition (SyntheticBf16), one last-dim row at a time only so
 // the row index is computed once per row.
 void Evaluate(uint64_t name_hash, const Shape& shape, uint64_t first, uint64_t count, uint64_t version,
-              uint16_t* out) {
+              uint32_t drift, uint16_t* out) {
   const size_t n = shape.size();
   const uint64_t cols = n >= 1 && shape[n - 1] > 0 ? static_cast<uint64_t>(shape[n - 1]) : 1;
   const uint64_t rows = n >= 2 && shape[n - 2] > 0 ? static_cast<uint64_t>(shape[n - 2]) : 1;
@@ -81,7 +81,7 @@ void Evaluate(uint64_t name_hash, const Shape& shape, uint64_t first, uint64_t c
     const uint64_t flat = first + k;
     const int64_t row = n >= 2 ? static_cast<int64_t>((flat / cols) % rows) : 0;
     const uint64_t run = std::min(count - k, cols - flat % cols);
-    for (uint64_t j = 0; j < run; ++j) out[k + j] = SyntheticBf16(name_hash, flat + j, row, version);
+    for (uint64_t j = 0; j < run; ++j) out[k + j] = SyntheticBf16(name_hash, flat + j, row, version, drift);
     k += run;
   }
 }
@@ -95,15 +95,16 @@ NdArray Bf16Array(const Shape& shape) {
 }
 
 // The whole source tensor at `version`.
-NdArray WholeSource(const std::string& name, const Shape& shape, uint64_t version) {
+NdArray WholeSource(const std::string& name, const Shape& shape, uint64_t version, uint32_t drift) {
   NdArray a = Bf16Array(shape);
-  Evaluate(NameHash(name), shape, 0, static_cast<uint64_t>(a.Count()), version,
+  Evaluate(NameHash(name), shape, 0, static_cast<uint64_t>(a.Count()), version, drift,
            reinterpret_cast<uint16_t*>(a.data.data()));
   return a;
 }
 
 // Index `e` of dim `d` of the source tensor, that dim dropped.
-NdArray SourceExpert(const std::string& name, const Shape& shape, int d, int64_t e, uint64_t version) {
+NdArray SourceExpert(const std::string& name, const Shape& shape, int d, int64_t e, uint64_t version,
+                     uint32_t drift) {
   Shape one = shape;
   one.erase(one.begin() + d);
   NdArray a = Bf16Array(one);
@@ -112,7 +113,7 @@ NdArray SourceExpert(const std::string& name, const Shape& shape, int d, int64_t
   const uint64_t h = NameHash(name);
   auto* out = reinterpret_cast<uint16_t*>(a.data.data());
   for (int64_t o = 0; o < outer; ++o) {
-    Evaluate(h, shape, static_cast<uint64_t>((o * shape[d] + e) * inner), static_cast<uint64_t>(inner), version,
+    Evaluate(h, shape, static_cast<uint64_t>((o * shape[d] + e) * inner), static_cast<uint64_t>(inner), version, drift,
              out + o * inner);
   }
   return a;
@@ -205,7 +206,8 @@ struct Reference::Unsliced {
   std::vector<int64_t> part_extent;  // each part's extent along concat_dim
 };
 
-Reference::Reference(const TrainerSpec& trainer, const MappingSpec& mapping) : mapping_(mapping) {
+Reference::Reference(const TrainerSpec& trainer, const MappingSpec& mapping, uint32_t drift)
+    : mapping_(mapping), drift_(drift) {
   for (const TrainerRank& r : trainer.ranks) {
     for (const TrainerParam& p : r.params) sources_.emplace(p.name, SourceInfo{p.global_shape, p.dtype});
   }
@@ -280,9 +282,9 @@ StatusOr<Reference::Unsliced> Reference::Build(const InferenceTensor& t, uint64_
           if (d < 0 || d >= static_cast<int>(src->shape.size()) || e >= src->shape[d]) {
             return where("expert " + std::to_string(e) + " is not in source '" + name + "'");
           }
-          parts.push_back(SourceExpert(name, src->shape, d, e, version));
+          parts.push_back(SourceExpert(name, src->shape, d, e, version, drift_));
         } else {
-          parts.push_back(WholeSource(name, src->shape, version));
+          parts.push_back(WholeSource(name, src->shape, version, drift_));
         }
       }
       if (e == first) {
@@ -299,7 +301,7 @@ StatusOr<Reference::Unsliced> Reference::Build(const InferenceTensor& t, uint64_
     for (const MappingPart& part : rule->parts) {
       const std::string name = Expand(part.source, bound);
       WSYNC_ASSIGN_OR_RETURN(const SourceInfo* src, source(name));
-      parts.push_back(WholeSource(name, src->shape, version));
+      parts.push_back(WholeSource(name, src->shape, version, drift_));
     }
     out.concat_dim = rule->kind == MappingRule::Kind::kConcat ? rule->concat_dim : 0;
     for (const NdArray& p : parts) out.part_extent.push_back(p.shape.empty() ? 1 : p.shape[out.concat_dim]);

@@ -32,8 +32,9 @@ struct ExpectedTensor {
 
 class Reference {
  public:
-  // `trainer` supplies source tensor shapes (any rank's entry will do).
-  Reference(const TrainerSpec& trainer, const MappingSpec& mapping);
+  // `trainer` supplies source tensor shapes (any rank's entry will do);
+  // `drift`: the synthetic weights' drift period (demo/synthetic.h).
+  Reference(const TrainerSpec& trainer, const MappingSpec& mapping, uint32_t drift = 1);
 
   StatusOr<ExpectedTensor> Expected(const InferenceTensor& tensor, uint64_t version) const;
 
@@ -60,6 +61,7 @@ class Reference {
   static EnginePattern CompilePattern(const std::string& pattern);
   std::unordered_map<std::string, SourceInfo> sources_;
   const MappingSpec& mapping_;
+  uint32_t drift_ = 1;
   // One per mapping rule, compiled here and only matched by Expected(): it
   // runs on several threads at once, and compiling a std::regex writes the
   // shared ctype<char> facet's lazy narrow() cache (a data race, TSan).

@@ -12,7 +12,7 @@ uint64_t NameHash(std::string_view name) {
 }
 
 void FillSyntheticBox(std::string_view name, const Shape& global_shape, const Box& box, uint64_t version,
-                      uint16_t* out) {
+                      uint16_t* out, uint32_t drift) {
   using namespace synthetic_detail;
   const uint64_t h = NameHash(name);
   const uint64_t version_key = version * kVersionMul;
@@ -32,8 +32,15 @@ void FillSyntheticBox(std::string_view name, const Shape& global_shape, const Bo
     for (int d = 0; d < n - 1; ++d) base += static_cast<uint64_t>((box.offset[d] + idx[d]) * stride[d]);
     const float row_scale = n >= 2 ? kRowScale[(box.offset[n - 2] + idx[n - 2]) % 5] : kRowScale[0];
     uint16_t* dst = out + line * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      dst[c] = RoundToBf16(SyntheticValue(h, base + static_cast<uint64_t>(c), row_scale, version_key));
+    if (drift <= 1) {
+      for (int64_t c = 0; c < cols; ++c) {
+        dst[c] = RoundToBf16(SyntheticValue(h, base + static_cast<uint64_t>(c), row_scale, version_key));
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint64_t flat = base + static_cast<uint64_t>(c);
+        dst[c] = RoundToBf16(SyntheticValue(h, flat, row_scale, LastChange(h, flat, version, drift) * kVersionMul));
+      }
     }
     for (int d = n - 2; d >= 0; --d) {
       if (++idx[d] < box.size[d]) break;
@@ -42,12 +49,13 @@ void FillSyntheticBox(std::string_view name, const Shape& global_shape, const Bo
   }
 }
 
-std::vector<uint16_t> SyntheticTensor(std::string_view name, const Shape& global_shape, uint64_t version) {
+std::vector<uint16_t> SyntheticTensor(std::string_view name, const Shape& global_shape, uint64_t version,
+                                      uint32_t drift) {
   Box box;
   box.ndim = static_cast<int8_t>(global_shape.size());
   for (size_t d = 0; d < global_shape.size(); ++d) box.size[d] = global_shape[d];
   std::vector<uint16_t> out(static_cast<size_t>(box.NumElements()));
-  FillSyntheticBox(name, global_shape, box, version, out.data());
+  FillSyntheticBox(name, global_shape, box, version, out.data(), drift);
   return out;
 }
 

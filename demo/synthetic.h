@@ -50,22 +50,37 @@ inline uint16_t RoundToBf16(float value) {
   return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// The version whose value an element has at `version`. With drift period
+// P > 1 each element changes at one version in every P (which one is its
+// own), so about 1/P of the elements change from one version to the next,
+// as an optimizer step at an RL learning rate changes a few percent of bf16
+// weights (docs/DELTAS.md); P <= 1: every element, every version.
+inline uint64_t LastChange(uint64_t name_hash, uint64_t flat_index, uint64_t version, uint32_t period) {
+  if (period <= 1) return version;
+  const uint64_t phase = SplitMix64(name_hash ^ (flat_index * kIndexMul) ^ 0x5BD1E995ull) % period;
+  const uint64_t back = (version + phase) % period;
+  return back > version ? 0 : version - back;
+}
+
 }  // namespace synthetic_detail
 
 // bf16 bits of element `flat_index` (row-major in the global tensor) whose
 // second-to-last-dim index is `row`. Magnitudes vary by row so fp8 blocks get
-// different scales.
-inline uint16_t SyntheticBf16(uint64_t name_hash, uint64_t flat_index, int64_t row, uint64_t version) {
+// different scales. `drift`: synthetic_detail::LastChange's period.
+inline uint16_t SyntheticBf16(uint64_t name_hash, uint64_t flat_index, int64_t row, uint64_t version,
+                              uint32_t drift = 1) {
   using namespace synthetic_detail;
-  return RoundToBf16(SyntheticValue(name_hash, flat_index, kRowScale[row % 5], version * kVersionMul));
+  const uint64_t key = LastChange(name_hash, flat_index, version, drift) * kVersionMul;
+  return RoundToBf16(SyntheticValue(name_hash, flat_index, kRowScale[row % 5], key));
 }
 
 // Fills `out` (row-major over `box`) with the synthetic values of `box` of a
 // tensor of `global_shape`.
 void FillSyntheticBox(std::string_view name, const Shape& global_shape, const Box& box,
-                      uint64_t version, uint16_t* out);
+                      uint64_t version, uint16_t* out, uint32_t drift = 1);
 
 // The whole tensor.
-std::vector<uint16_t> SyntheticTensor(std::string_view name, const Shape& global_shape, uint64_t version);
+std::vector<uint16_t> SyntheticTensor(std::string_view name, const Shape& global_shape, uint64_t version,
+                                      uint32_t drift = 1);
 
 }  // namespace wsync::demo

@@ -9,6 +9,10 @@
 #include <tuple>
 #include <utility>
 
+#include <sys/mman.h>
+
+#include "delta/codec.h"
+#include "delta/inbox.h"
 #include "inference_agent/descriptor_text.h"
 
 namespace wsync::inference {
@@ -28,9 +32,25 @@ std::string Fixed3(double x) {
 
 }  // namespace
 
+// One weight region's inbox: private anonymous memory, registered.
+struct InferenceAgent::Inbox {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  Inbox() = default;
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+  ~Inbox() {
+    if (data != nullptr) munmap(data, bytes);
+  }
+};
+
 InferenceAgent::InferenceAgent(std::unique_ptr<transport::Engine> engine, std::unique_ptr<WeightMemory> memory,
                                InferenceRank rank, InferenceAgentOptions options)
-    : options_(std::move(options)), rank_(std::move(rank)), memory_(std::move(memory)), engine_(std::move(engine)) {}
+    : options_(std::move(options)),
+      rank_(std::move(rank)),
+      memory_(std::move(memory)),
+      landed_base_(kNoVersion),
+      engine_(std::move(engine)) {}
 
 InferenceAgent::~InferenceAgent() {
   regions_.clear();
@@ -54,6 +74,7 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
                            std::to_string(memory->regions().size()) + " regions, the layout " +
                            std::to_string(rank.regions.size()));
   }
+  if (options.deltas) options.hold = true;
   if (options.shadow != nullptr) {
     options.hold = true;
     const auto& live = memory->regions();
@@ -82,10 +103,98 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
     spec.descriptor = DescriptorToText((*mr)->descriptor());
     agent->regions_.push_back(std::move(mr).value());
   }
-  agent->Log(where + ": registered " + std::to_string(agent->regions_.size()) + " region(s) of " +
-             (agent->options_.shadow ? "a shadow of '" : "'") + agent->memory_->name() + "' on " + std::to_string(agent->engine_->num_nics()) + " NIC(s) of " +
-             agent->engine_->provider());
+  const size_t weight_regions = agent->regions_.size();
+  if (agent->options_.deltas) WSYNC_RETURN_IF_ERROR(agent->RegisterInboxes(landing));
+  std::string inboxes;
+  if (agent->regions_.size() > weight_regions) {
+    uint64_t bytes = 0;
+    for (const auto& [id, inbox] : agent->inboxes_) bytes += inbox->bytes;
+    inboxes = " and " + std::to_string(agent->regions_.size() - weight_regions) + " delta inbox(es) of " +
+              std::to_string(bytes) + " bytes";
+  } else if (agent->options_.deltas) {
+    inboxes = " (no delta inbox: device regions take full writes)";
+  }
+  agent->Log(where + ": registered " + std::to_string(weight_regions) + " region(s) of " +
+             (agent->options_.shadow ? "a shadow of '" : "'") + agent->memory_->name() + "'" + inboxes + " on " +
+             std::to_string(agent->engine_->num_nics()) + " NIC(s) of " + agent->engine_->provider());
   return agent;
+}
+
+Status InferenceAgent::RegisterInboxes(const std::vector<WeightMemory::Region>& landing) {
+  const std::string where = "inference rank " + std::to_string(rank_.rank);
+  for (const WeightMemory::Region& r : landing) {
+    if (r.kind != transport::MemoryKind::kHost) continue;  // applied on the host only, so far
+    auto inbox = std::make_unique<Inbox>();
+    inbox->bytes = std::max<uint64_t>(delta::InboxBytes(r.size), delta::kSlotAlign);
+    void* p = mmap(nullptr, inbox->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ResourceExhausted(where + ": cannot map the " + std::to_string(inbox->bytes) +
+                               "-byte delta inbox of region '" + r.id + "'");
+    }
+    inbox->data = static_cast<uint8_t*>(p);
+    StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+        engine_->Register(inbox->data, inbox->bytes, transport::MemoryKind::kHost, 0);
+    if (!mr.ok()) return mr.status().WithContext(where + ": registering the delta inbox of region '" + r.id + "'");
+    rank_.regions.push_back({delta::InboxRegionId(r.id), inbox->bytes, DescriptorToText((*mr)->descriptor())});
+    regions_.push_back(std::move(mr).value());
+    inboxes_.emplace(r.id, std::move(inbox));
+  }
+  return Status::Ok();
+}
+
+uint64_t InferenceAgent::landed_base() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return landed_base_;
+}
+
+StatusOr<DeltaApplied> InferenceAgent::ApplyDeltas(uint64_t v) {
+  const auto t0 = Clock::now();
+  const std::string me = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
+  DeltaApplied done;
+  std::vector<IncomingWrite> writes;
+  uint64_t base;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writes = writes_;
+    base = landed_base_;
+  }
+  std::map<std::string, const WeightMemory::Region*> landing;
+  for (const WeightMemory::Region& r : options_.shadow ? options_.shadow->regions() : memory_->regions())
+    landing[r.id] = &r;
+  for (const IncomingWrite& w : writes) {
+    auto inbox = inboxes_.find(w.region);
+    if (inbox == inboxes_.end()) continue;
+    const delta::Slot slot = delta::SlotOf(w.offset, w.bytes);
+    if (slot.bytes < delta::kSlotHeaderBytes + delta::kHeaderBytes) continue;  // too small for any delta
+    const uint8_t* at = inbox->second->data + slot.at;
+    delta::SlotHeader h;
+    if (!delta::ReadSlotHeader(at, &h) || h.version != v) continue;  // this write came whole, in place
+    const std::string what = "tensor '" + w.tensor + "' (region '" + w.region + "' bytes [" +
+                             std::to_string(w.offset) + ", " + std::to_string(w.offset + w.bytes) + "))";
+    if (h.base != base) {
+      return FailedPrecondition(
+          me + ": " + what + ": a delta against version " + std::to_string(h.base) + ", but this rank holds " +
+          (base == kNoVersion ? std::string("no complete version") : "version " + std::to_string(base)) +
+          "; not applied (the version fails; the next one must come in full)");
+    }
+    if (h.delta_bytes > slot.bytes - delta::kSlotHeaderBytes) {
+      return DataLoss(me + ": " + what + ": its delta claims " + std::to_string(h.delta_bytes) +
+                      " bytes, its slot holds " + std::to_string(slot.bytes - delta::kSlotHeaderBytes));
+    }
+    uint8_t* target = landing.at(w.region)->data + w.offset;  // SetPlan checked the bounds
+    WSYNC_RETURN_IF_ERROR(
+        delta::Apply(at + delta::kSlotHeaderBytes, h.delta_bytes, target, w.bytes, w.tensor.c_str())
+            .WithContext(me + ": " + what));
+    ++done.writes;
+    done.delta_bytes += delta::kSlotHeaderBytes + h.delta_bytes;
+    done.bytes += w.bytes;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    landed_base_ = v;
+  }
+  done.seconds = Seconds(Clock::now() - t0);
+  return done;
 }
 
 Status InferenceAgent::SetPlan(const InferenceRankPlan& strided) {
@@ -127,6 +236,7 @@ Status InferenceAgent::SetPlan(const InferenceRankPlan& strided) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     planned_ = true;
+    landed_base_ = kNoVersion;
     arrivals_ = static_cast<uint32_t>(arrivals);
     writes_ = plan.writes;
   }
@@ -338,6 +448,11 @@ Status InferenceAgent::Commit(uint64_t v) {
 }
 
 void InferenceAgent::MarkFailedHere(uint64_t v) {
+  {
+    // Some of v's writes may have landed: no delta may build on these bytes.
+    std::lock_guard<std::mutex> lock(mu_);
+    landed_base_ = kNoVersion;
+  }
   // In shadow mode the engine's weights were not touched (unless a commit
   // started, which marked them itself).
   if (options_.shadow != nullptr) {

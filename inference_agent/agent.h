@@ -62,6 +62,20 @@ struct InferenceAgentOptions {
   // regions as the engine's; Commit copies a version out into the engine's
   // weights, so a version that fails leaves them at the last complete one.
   std::shared_ptr<ShadowMemory> shadow;
+  // Delta versions (delta/inbox.h): beside each host region of the landing
+  // memory (the shadow's, in shadow mode), an inbox of host memory is
+  // registered and published as region "<id>#delta"; implies hold. A held
+  // version's deltas are applied (ApplyDeltas) before it is checked and
+  // committed. Device regions get no inbox: they always take full writes.
+  bool deltas = false;
+};
+
+// What ApplyDeltas did for one version.
+struct DeltaApplied {
+  uint64_t writes = 0;       // writes that came as deltas
+  uint64_t delta_bytes = 0;  // their slots' bytes (headers included)
+  uint64_t bytes = 0;        // the weight bytes they stand for
+  double seconds = 0;
 };
 
 class InferenceAgent {
@@ -116,6 +130,16 @@ class InferenceAgent {
   // In shadow mode `landed` checks the shadow (what the writes left), else
   // the engine's weights (what a committed version copied out).
   Status Verify(uint64_t v, const std::vector<WriteChecksum>& expected, bool landed = true) const;
+  // Applies every delta of held version v (slots stamped with v) onto the
+  // landing memory, in this thread. FailedPrecondition naming the tensor for
+  // a delta computed against a version other than the one this rank's
+  // landing memory holds (a controller or trainer bug: the version must
+  // fail, never be silently wrong); DataLoss for a malformed one. Once it
+  // succeeded the landing memory holds v at every planned write.
+  StatusOr<DeltaApplied> ApplyDeltas(uint64_t v);
+  // The version the landing memory holds at every planned write, or
+  // kNoVersion: what a delta must have been computed against.
+  uint64_t landed_base() const;
   // A held version becomes complete here: in shadow mode every planned
   // write's bytes are copied out into the engine's weights first.
   Status Commit(uint64_t v);
@@ -138,6 +162,8 @@ class InferenceAgent {
                  InferenceAgentOptions options);
   void OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status);
   void Log(const std::string& line) const;
+  // InferenceAgentOptions::deltas: an inbox beside each host region of `landing`.
+  Status RegisterInboxes(const std::vector<WeightMemory::Region>& landing);
 
   // Declaration order is teardown order reversed: regions go first, then the
   // engine (whose callback thread may still run OnVersionDone and so needs
@@ -145,6 +171,8 @@ class InferenceAgent {
   const InferenceAgentOptions options_;
   InferenceRank rank_;
   std::unique_ptr<WeightMemory> memory_;
+  struct Inbox;
+  std::map<std::string, std::unique_ptr<Inbox>> inboxes_;  // by weight region id; fixed after Create
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool planned_ = false;                         // guarded by mu_
@@ -154,6 +182,7 @@ class InferenceAgent {
   std::map<uint64_t, VersionOutcome> finished_;  // guarded by mu_ (recent only)
   std::map<uint64_t, std::string> abandoned_;    // pending versions; guarded by mu_
   std::deque<VersionOutcome> outcomes_;          // guarded by mu_; not yet taken
+  uint64_t landed_base_;                         // guarded by mu_; kNoVersion until a version lands
   std::unique_ptr<transport::Engine> engine_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
 };

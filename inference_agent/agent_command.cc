@@ -130,6 +130,7 @@ int RunInferenceAgentCommand(const InferenceAgentFlags& flags) {
   InferenceAgentOptions agent_options;
   agent_options.log = LogLine;
   agent_options.hold = flags.verify_checksums;
+  agent_options.deltas = flags.deltas;
   if (flags.shadow || staged) {
     StatusOr<std::unique_ptr<ShadowMemory>> shadow =
         ipc.has_value() ? MakeCudaShadow(*memory, staged) : MakeHostShadow(*memory);

@@ -35,6 +35,7 @@ struct InferenceAgentFlags {
   int poll_ms = 100;             // how often the controller is asked for started versions
   bool verify_checksums = false; // check each version against the trainers' checksums before it is complete
   bool shadow = false;           // writes land in a private copy, copied into the store once complete
+  bool deltas = false;           // a delta inbox beside each host region (InferenceAgentOptions::deltas)
   bool paced = false;            // engine-paced: weights change only when the engine asks (weight_store_format.h)
   // wsync.cuda_ipc/v1 file (cuda_ipc.h): the weights are the engine's CUDA
   // tensors, written in place; the store keeps the layout and version words.

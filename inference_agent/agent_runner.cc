@@ -1,6 +1,7 @@
 #include "inference_agent/agent_runner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <thread>
 #include <vector>
@@ -151,13 +152,28 @@ class Runner {
     return Status::Ok();
   }
 
+  // A held version's deltas, applied where its writes landed.
+  Status ApplyDeltas(uint64_t v) {
+    StatusOr<DeltaApplied> applied = agent_.ApplyDeltas(v);
+    if (!applied.ok()) return applied.status();
+    if (applied->writes > 0) {
+      char line[256];
+      std::snprintf(line, sizeof line, "version %llu: %llu deltas applied in %.3f s (%.1f KiB for %.1f KiB of weights)",
+                    static_cast<unsigned long long>(v), static_cast<unsigned long long>(applied->writes),
+                    applied->seconds, applied->delta_bytes / 1024.0, applied->bytes / 1024.0);
+      Log(line);
+    }
+    return Status::Ok();
+  }
+
   // The client itself retries a refused connection (controller restarting).
   void Report(const VersionOutcome& out) {
     if (!out.held) {
       Send(out.version, out.status, false);
       return;
     }
-    Status s = Check(out);
+    Status s = ApplyDeltas(out.version);
+    if (s.ok()) s = Check(out);
     if (s.ok() && !agent_.shadowed()) s = agent_.Commit(out.version);
     if (!s.ok()) {
       agent_.Reject(out.version, s);

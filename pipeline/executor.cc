@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "delta/codec.h"
+#include "delta/inbox.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/executor_impl.h"
 
@@ -144,6 +146,15 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
       *t0 = Clock::now();
       t.checksum += std::chrono::duration<double>(*t0 - tc).count();
     }
+    uint64_t delta_length = 0;
+    if (imm.has_value() && ww.copy >= 0) {
+      const auto td = Clock::now();
+      t.quantize_pack += std::chrono::duration<double>(td - *t0).count();
+      const bool as_delta = EncodeDelta(sw, ww, &delta_length);
+      if (!as_delta) delta_length = 0;
+      *t0 = Clock::now();
+      t.delta += std::chrono::duration<double>(*t0 - td).count();
+    }
     const auto tp = Clock::now();
     t.quantize_pack += std::chrono::duration<double>(tp - *t0).count();
     transport::SingleWrite req;
@@ -153,12 +164,18 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
     req.dst_offset = w.region_offset;
     req.length = w.bytes;
     req.imm = imm;
+    if (delta_length > 0) {  // the same one write, into the write's inbox slot
+      req.src_offset += ww.delta_at;
+      req.dst = remotes[ww.inbox];
+      req.dst_offset = ww.slot_at;
+      req.length = delta_length;
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       ++inflight;
       if (ww.direct) ++sw.pins;
     }
-    const uint64_t offset = req.src_offset;
+    const uint64_t offset = sw.chunk + ww.staging_at;
     Status s = engine->Write(req, [this, &sw, &ww, offset](const Status& st) { OnWriteDone(sw, ww, offset, st); });
     *t0 = Clock::now();
     t.post += std::chrono::duration<double>(*t0 - tp).count();
@@ -171,9 +188,36 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
       RecordError(s.WithContext(WriteWhere(sw, w)));
       return;
     }
-    report->written_bytes += w.bytes;
+    report->written_bytes += req.length;
+    report->write_bytes += w.bytes;
+    if (delta_length > 0) {
+      ++report->delta_writes;
+      report->delta_covered_bytes += w.bytes;
+    }
     ++report->writes;
   }
+}
+
+bool PlanExecutor::Impl::EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length) {
+  DeltaCopy& c = copies[static_cast<size_t>(ww.copy)];
+  const RankWrite& w = *ww.write;
+  uint8_t* next = arena->data() + sw.chunk + ww.staging_at;
+  uint8_t* copy = copy_memory.get() + c.at;
+  const bool wanted = run_delta != nullptr && c.holds == run_delta->base &&
+                      std::find(run_delta->ranks.begin(), run_delta->ranks.end(), w.dst_rank) != run_delta->ranks.end();
+  c.holds = run_version;
+  if (!wanted) {
+    std::memcpy(copy, next, w.bytes);
+    return false;
+  }
+  uint8_t* out = next + ww.delta_at;
+  StatusOr<delta::Encoded> e = delta::EncodeAndAdvance(copy, next, w.bytes, ww.elem_bytes,
+                                                        out + delta::kSlotHeaderBytes,
+                                                        ww.slot_bytes - delta::kSlotHeaderBytes);
+  if (!e.ok() || !e->fits) return false;  // the copy has advanced all the same; the write goes whole
+  delta::WriteSlotHeader({run_version, run_delta->base, e->bytes}, out);
+  *length = delta::kSlotHeaderBytes + e->bytes;
+  return true;
 }
 
 StatusOr<uint64_t> PlanExecutor::Impl::ChecksumArena(uint64_t at, uint64_t bytes) {
@@ -522,6 +566,12 @@ uint64_t PlanExecutor::max_source_need() const {
   return need;
 }
 
+uint64_t PlanExecutor::delta_copy_bytes() const {
+  uint64_t bytes = 0;
+  for (const DeltaCopy& c : impl_->copies) bytes += c.bytes;
+  return bytes;
+}
+
 uint64_t PlanExecutor::arena_bytes() const { return impl_->arena ? impl_->arena->capacity() : 0; }
 
 void PlanExecutor::ResetGroups() { impl_->groups_ready = false; }
@@ -531,11 +581,13 @@ bool PlanExecutor::writes_timed_out() const {
   return impl_->writes_timed_out;
 }
 
-StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards) {
+StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards, const DeltaTarget* delta) {
   Impl& impl = *impl_;
   VersionReport report;
   report.version = version;
   impl.Begin(&report);
+  report.delta_copy_bytes = delta_copy_bytes();
+  impl.run_delta = delta;
   impl.run_version = version;
   impl.run_shards = &shards;
   impl.run_report = &report;
@@ -577,9 +629,14 @@ StatusOr<VersionReport> PlanExecutor::Run(uint64_t version, ShardSource& shards)
   }
 
   Status writes = impl.Finish(&report);
+  impl.run_delta = nullptr;
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     impl.writes_timed_out = writes.code() == StatusCode::kDeadlineExceeded;
+  }
+  if (!failure.ok() || !writes.ok()) {
+    // Some copies advanced past what their receivers got: none is trusted.
+    for (DeltaCopy& c : impl.copies) c.holds = ~0ull;
   }
   // A failed collective is often the echo of stalled writes (the peers
   // waited for this rank in their next collective): name both.
@@ -638,6 +695,17 @@ std::string VersionReport::Summary() const {
   }
   if (!checksums.empty()) {
     std::snprintf(buf, sizeof buf, "; %zu checksums in %.3f s", checksums.size(), seconds.checksum);
+    line += buf;
+  }
+  if (delta_copy_bytes > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "; deltas: %llu of %llu writes, %.2f MiB on the wire for %.2f MiB of weights (%.1f%% of %.2f MiB "
+                  "whole), found in %.3f s; copies %.1f MiB",
+                  static_cast<unsigned long long>(delta_writes), static_cast<unsigned long long>(writes),
+                  static_cast<double>(written_bytes) / (1 << 20), static_cast<double>(write_bytes) / (1 << 20),
+                  write_bytes > 0 ? 100.0 * static_cast<double>(written_bytes) / static_cast<double>(write_bytes) : 0.0,
+                  static_cast<double>(write_bytes) / (1 << 20), seconds.delta,
+                  static_cast<double>(delta_copy_bytes) / (1 << 20));
     line += buf;
   }
   return line;

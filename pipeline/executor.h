@@ -91,6 +91,21 @@ struct ExecutorOptions {
   // For an engine that cannot register device memory; slower than writes
   // straight from the device by one copy of every written byte.
   bool stage_through_host = false;
+  // Delta versions (docs/DELTAS.md): keep a copy of the bytes last sent for
+  // each write that can take a delta (its receiver registered an inbox for
+  // its region, delta/inbox.h), and where Run is given a DeltaTarget send
+  // only what changed into the write's inbox slot. The copies count against
+  // the watermark: they take what is left of it above twice the largest
+  // source's need (writes past that always go whole; the report says how
+  // much is covered). Host memory only, so far: with a device, ignored.
+  bool deltas = false;
+};
+
+// What the controller decided for one version (controller::VersionStatus):
+// writes to inference ranks in `ranks` may go as deltas against `base`.
+struct DeltaTarget {
+  uint64_t base = 0;
+  std::vector<int32_t> ranks;
 };
 
 // Seconds spent per stage in one Run.
@@ -104,6 +119,7 @@ struct StageSeconds {
   double barrier = 0;         // MeshGroup barriers and version checks
   double rendezvous = 0;      // building Gloo groups (first version, after a failure)
   double checksum = 0;        // hashing the written bytes (ExecutorOptions::checksums)
+  double delta = 0;           // finding what changed and encoding it (ExecutorOptions::deltas)
   // Before the executor ran: waiting for engine-paced inference ranks to let
   // the version in (trainer_agent::RunAndReport); not part of `total`.
   double engine_wait = 0;
@@ -117,7 +133,15 @@ struct VersionReport {
   uint64_t copied_bytes = 0;     // local shards read
   uint64_t gathered_bytes = 0;   // held tensors after all-gather or exchange
   uint64_t exchanged_bytes = 0;  // of those, bytes received from peers (exchange or all-gather)
-  uint64_t written_bytes = 0;
+  uint64_t written_bytes = 0;     // on the wire: a delta write counts its delta
+  // ExecutorOptions::deltas: writes sent as deltas, the weight bytes they
+  // stand for (the rest of written_bytes went whole), and the memory the
+  // copies of what receivers hold take, for how many of this rank's write
+  // bytes.
+  uint64_t delta_writes = 0;
+  uint64_t delta_covered_bytes = 0;
+  uint64_t delta_copy_bytes = 0;
+  uint64_t write_bytes = 0;       // every write's weight bytes, whole
   uint64_t staged_bytes = 0;     // of those, copied device-to-host first (stage_through_host)
   uint64_t writes = 0;
   uint64_t sources = 0;
@@ -144,7 +168,11 @@ class PlanExecutor {
 
   // Runs one version. Every rank of the plan must run the same versions in
   // the same order. Not reentrant.
-  StatusOr<VersionReport> Run(uint64_t version, ShardSource& shards);
+  // With ExecutorOptions::deltas and a `delta` target, a write to a rank of
+  // the target whose copy holds exactly `delta->base` goes as a delta when
+  // that fits its slot; every other write goes whole. A failed Run drops
+  // every copy (the next version goes whole).
+  StatusOr<VersionReport> Run(uint64_t version, ShardSource& shards, const DeltaTarget* delta = nullptr);
 
   // For benches: posts every write of the plan as Run does (same sizes,
   // destinations, order and watermark) straight from the arena, with no
@@ -160,6 +188,9 @@ class PlanExecutor {
   // The most temporary memory one source needs: the smallest watermark this
   // plan runs under (then sources run one at a time).
   uint64_t max_source_need() const;
+  // ExecutorOptions::deltas: bytes of the copies kept, and of the writes
+  // they cover (of plan().write_bytes).
+  uint64_t delta_copy_bytes() const;
   // Drops the collective groups; the next Run rebuilds them (generation = its
   // version). Run does this by itself after a failed collective.
   void ResetGroups();

@@ -45,6 +45,21 @@ struct WriteWork {
   bool direct = false;
   uint64_t staging_at = 0;     // offset inside the source's chunk: its staging slot, or a direct write's bytes
   uint64_t staging_bytes = 0;  // 0 for a direct write
+  // Delta versions: the index of its copy in Impl::copies (-1: always
+  // whole), where its delta goes in its staging slot (after the bytes), and
+  // its inbox slot on the receiver.
+  int64_t copy = -1;
+  uint64_t delta_at = 0;
+  size_t inbox = 0;  // index into Impl::remotes
+  uint64_t slot_at = 0, slot_bytes = 0;
+  uint32_t elem_bytes = 1;
+};
+
+// The bytes of one write as last sent (ExecutorOptions::deltas).
+struct DeltaCopy {
+  uint64_t at = 0;  // in Impl::copy_memory
+  uint64_t bytes = 0;
+  uint64_t holds = ~0ull;  // the version they are; ~0: none
 };
 
 // One source, resolved at Create. Its temporary memory is one chunk of the
@@ -105,6 +120,7 @@ struct PlanExecutor::Impl {
   using Clock = executor_detail::Clock;
   using SourceWork = executor_detail::SourceWork;
   using WriteWork = executor_detail::WriteWork;
+  using DeltaCopy = executor_detail::DeltaCopy;
 
   const TrainerRankPlan* plan = nullptr;
   transport::Engine* engine = nullptr;
@@ -116,6 +132,9 @@ struct PlanExecutor::Impl {
   std::vector<SourceWork> work;                   // every source, plan order
   std::vector<std::pair<size_t, size_t>> group_work;  // per MeshGroup: [begin, end) of work
   std::unique_ptr<TempArena> arena;
+  std::vector<DeltaCopy> copies;
+  std::unique_ptr<uint8_t[]> copy_memory;
+  const DeltaTarget* run_delta = nullptr;  // the Run's, if any
 
   std::vector<std::unique_ptr<CollectiveGroup>> gather_groups;  // index = gather_sets
   std::vector<std::unique_ptr<CollectiveGroup>> mesh_groups;    // index = plan.groups
@@ -154,6 +173,20 @@ struct PlanExecutor::Impl {
   }
 
   Status Resolve();
+  // ExecutorOptions::deltas: the write's inbox slot, if its receiver has one
+  // it fits (staging grows to hold the delta); the copies come later.
+  Status ResolveInbox(const RankWrite& w, const std::string& where, WriteWork* ww,
+                      std::map<std::pair<int32_t, std::string>, size_t>* regions);
+  // The copies, within what the watermark leaves above `arena_floor`.
+  void AssignCopies(uint64_t arena_floor);
+  // Whether ww goes as a delta this version; if so encodes it after its
+  // bytes in staging (header first) and says how long it is. Either way
+  // the write's copy advances to the new bytes.
+  bool EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length);
+  StatusOr<transport::RemoteMemory> ImportRegion(int32_t dst_rank, const std::string& region,
+                                                 const std::string& where, bool required,
+                                                 std::map<std::pair<int32_t, std::string>, size_t>* regions,
+                                                 size_t* index);
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);
   Status ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw);
   Status UnpackPlanes(const SourceWork& sw, const uint8_t* landing, uint8_t* held);

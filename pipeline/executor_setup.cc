@@ -3,6 +3,8 @@
 // anything runs.
 #include <algorithm>
 
+#include "delta/codec.h"
+#include "delta/inbox.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/executor_impl.h"
 
@@ -128,45 +130,34 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
                              " bytes of " + std::string(DTypeName(w.dst_dtype)) + ", the plan says " +
                              std::to_string(w.bytes));
     }
-    auto key = std::make_pair(w.dst_rank, w.region);
-    auto it = regions->find(key);
-    if (it == regions->end()) {
-      const InferencePeer* peer = nullptr;
-      for (const InferencePeer& p : plan->peers) {
-        if (p.rank == w.dst_rank) peer = &p;
-      }
-      if (peer == nullptr) return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " is not in the plan's peers");
-      auto d = peer->region_descriptors.find(w.region);
-      if (d == peer->region_descriptors.end() || d->second.empty()) {
-        return NotFound(wwhere + ": inference rank " + std::to_string(w.dst_rank) + " has no transport descriptor for region '" +
-                        w.region + "' (has its inference agent registered memory?)");
-      }
-      StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(d->second);
-      if (!desc.ok()) return desc.status().WithContext(wwhere);
-      StatusOr<transport::RemoteMemory> remote = engine->Import(*desc);
-      if (!remote.ok()) return remote.status().WithContext(wwhere);
-      it = regions->emplace(key, remotes.size()).first;
-      remotes.push_back(*remote);
-    }
-    const transport::RemoteMemory& remote = remotes[it->second];
+    size_t region_index = 0;
+    StatusOr<transport::RemoteMemory> imported = ImportRegion(w.dst_rank, w.region, wwhere, true, regions, &region_index);
+    if (!imported.ok()) return imported.status();
+    const transport::RemoteMemory& remote = remotes[region_index];
     if (w.region_offset + w.bytes > remote.length) {
       return OutOfRange(wwhere + ": ends at byte " + std::to_string(w.region_offset + w.bytes) + " of a " +
                         std::to_string(remote.length) + "-byte region");
     }
     WriteWork ww;
     ww.write = &w;
-    ww.remote = it->second;
+    ww.remote = region_index;
     // Cut from the scales, the codes or the held tensor (at 0 of the chunk).
     const bool codes = !scale && w.dst_dtype == DType::kFP8E4M3;
     const uint64_t from_at = scale ? sw.scale_at : codes ? sw.q_at : 0;
     const int64_t from_size = scale ? 4 : codes ? 1 : esize;
     int64_t first = 0;
-    if ((scale || codes || w.dst_dtype == src.dtype) && ContiguousIn(w.src_box, scale ? grid : src.held, &first)) {
+    WSYNC_RETURN_IF_ERROR(ResolveInbox(w, wwhere, &ww, regions));
+    if (ww.slot_bytes == 0 && (scale || codes || w.dst_dtype == src.dtype) &&
+        ContiguousIn(w.src_box, scale ? grid : src.held, &first)) {
       ww.direct = true;
       ww.staging_at = from_at + static_cast<uint64_t>(first * from_size);
     } else {
+      // A write that may go as a delta is packed even where it could go
+      // direct: its delta is encoded beside the packed bytes.
       ww.staging_at = at;
       ww.staging_bytes = AlignTemp(std::max<uint64_t>(w.bytes, 1));
+      ww.delta_at = ww.staging_bytes;
+      ww.staging_bytes += AlignTemp(ww.slot_bytes);
       at += ww.staging_bytes;
     }
     sw.writes.push_back(ww);
@@ -190,6 +181,77 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
 // A planned exchange: the peers' pieces must tile the held rows in group
 // order (they land there back to back), and what this rank sends must lie
 // inside its own shard.
+StatusOr<transport::RemoteMemory> PlanExecutor::Impl::ImportRegion(
+    int32_t dst_rank, const std::string& region, const std::string& where, bool required,
+    std::map<std::pair<int32_t, std::string>, size_t>* regions, size_t* index) {
+  auto key = std::make_pair(dst_rank, region);
+  auto it = regions->find(key);
+  if (it == regions->end()) {
+    const InferencePeer* peer = nullptr;
+    for (const InferencePeer& p : plan->peers) {
+      if (p.rank == dst_rank) peer = &p;
+    }
+    if (peer == nullptr) return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " is not in the plan's peers");
+    auto d = peer->region_descriptors.find(region);
+    if (d == peer->region_descriptors.end() || d->second.empty()) {
+      if (!required) return NotFound("");
+      return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " has no transport descriptor for region '" +
+                      region + "' (has its inference agent registered memory?)");
+    }
+    StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(d->second);
+    if (!desc.ok()) return desc.status().WithContext(where);
+    StatusOr<transport::RemoteMemory> remote = engine->Import(*desc);
+    if (!remote.ok()) return remote.status().WithContext(where);
+    it = regions->emplace(key, remotes.size()).first;
+    remotes.push_back(*remote);
+  }
+  *index = it->second;
+  return remotes[it->second];
+}
+
+Status PlanExecutor::Impl::ResolveInbox(const RankWrite& w, const std::string& where, WriteWork* ww,
+                                        std::map<std::pair<int32_t, std::string>, size_t>* regions) {
+  if (!options.deltas || options.device != nullptr) return Status::Ok();
+  const uint64_t elem = w.kind == WriteKind::kScale ? 4 : static_cast<uint64_t>(DTypeSize(w.dst_dtype));
+  if (elem != 1 && elem != 2 && elem != 4) return Status::Ok();
+  const delta::Slot slot = delta::SlotOf(w.region_offset, w.bytes);
+  // A slot too small for the headers and a few changes is not worth a copy.
+  if (slot.bytes < delta::kSlotHeaderBytes + delta::HeadBytes(w.bytes / elem) + 64) return Status::Ok();
+  size_t index = 0;
+  StatusOr<transport::RemoteMemory> inbox =
+      ImportRegion(w.dst_rank, delta::InboxRegionId(w.region), where, false, regions, &index);
+  if (!inbox.ok()) {
+    if (inbox.status().code() == StatusCode::kNotFound && inbox.status().message().empty()) return Status::Ok();
+    return inbox.status().WithContext("its delta inbox");
+  }
+  if (slot.at + slot.bytes > inbox->length) {
+    return OutOfRange(where + ": its delta slot ends at byte " + std::to_string(slot.at + slot.bytes) + " of a " +
+                      std::to_string(inbox->length) + "-byte inbox (the receiver's inbox is not the size " +
+                      "delta/inbox.h gives its region)");
+  }
+  ww->inbox = index;
+  ww->slot_at = slot.at;
+  ww->slot_bytes = slot.bytes;
+  ww->elem_bytes = static_cast<uint32_t>(elem);
+  return Status::Ok();
+}
+
+void PlanExecutor::Impl::AssignCopies(uint64_t arena_floor) {
+  uint64_t budget = options.watermark_bytes > arena_floor ? options.watermark_bytes - arena_floor : 0;
+  uint64_t used = 0;
+  for (SourceWork& sw : work) {
+    for (WriteWork& ww : sw.writes) {
+      if (ww.slot_bytes == 0) continue;
+      const uint64_t bytes = AlignTemp(ww.write->bytes);
+      if (bytes > budget - used) continue;  // past the watermark: this write always goes whole
+      ww.copy = static_cast<int64_t>(copies.size());
+      copies.push_back({used, ww.write->bytes});
+      used += bytes;
+    }
+  }
+  if (used > 0) copy_memory.reset(new uint8_t[used]);
+}
+
 Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw) {
   const int n = static_cast<int>(src.global_shape.size());
   const int gd = src.gather_dim;
@@ -304,7 +366,12 @@ Status PlanExecutor::Impl::Resolve() {
   }
   // Room for every write of the version in flight plus two sources' worth, so
   // fragmentation rarely makes a source wait when the watermark would not.
-  const uint64_t capacity = std::min(options.watermark_bytes, staging + 2 * largest);
+  // Delta copies take what the watermark leaves above the arena's floor:
+  // twice the largest source (one being filled while one's writes drain).
+  AssignCopies(2 * largest);
+  uint64_t copies_bytes = 0;
+  for (const DeltaCopy& c : copies) copies_bytes += AlignTemp(c.bytes);
+  const uint64_t capacity = std::min(options.watermark_bytes - copies_bytes, staging + 2 * largest);
   if (capacity > 0) {
     WSYNC_ASSIGN_OR_RETURN(arena, TempArena::Create(capacity, engine, options.device, options.stage_through_host));
   }

@@ -88,6 +88,7 @@ int RunTrainerAgentCommand(const TrainerAgentFlags& flags) {
   TrainerAgentOptions options;
   options.executor.watermark_bytes = flags.watermark;
   options.executor.checksums = flags.checksums;
+  options.executor.deltas = flags.deltas;
   options.executor.rendezvous_prefix = "trainer";
   options.gloo.hostname = flags.gloo_host;
   options.gloo.iface = flags.gloo_iface;

@@ -35,6 +35,7 @@ struct TrainerAgentFlags {
   std::string node;              // local address for the transport ("" = provider default)
   uint64_t watermark = 1ull << 30;
   bool checksums = false;        // hash every write for the inference ranks' check
+  bool deltas = false;           // send only what changed where the controller says (ExecutorOptions::deltas)
   std::string gloo_host = "127.0.0.1";  // address peers reach this rank's Gloo at
   std::string gloo_iface;        // or an interface name (wins over gloo_host)
   double gloo_timeout_s = 60;    // bound on every rendezvous and collective

@@ -98,6 +98,7 @@ nlohmann::json VersionStats(const VersionReport& r) {
             {"barrier", s.barrier},
             {"rendezvous", s.rendezvous},
             {"checksum", s.checksum},
+            {"delta", s.delta},
             {"engine_wait", s.engine_wait},
             {"total", s.total}}},
           {"reads_done_after", r.reads_done_after},
@@ -106,6 +107,10 @@ nlohmann::json VersionStats(const VersionReport& r) {
           {"exchanged_bytes", r.exchanged_bytes},
           {"written_bytes", r.written_bytes},
           {"staged_bytes", r.staged_bytes},
+          {"write_bytes", r.write_bytes},
+          {"delta_writes", r.delta_writes},
+          {"delta_covered_bytes", r.delta_covered_bytes},
+          {"delta_copy_bytes", r.delta_copy_bytes},
           {"writes", r.writes},
           {"sources", r.sources},
           {"watermark_waits", r.watermark_waits},
@@ -121,8 +126,10 @@ nlohmann::json ChecksumsJson(const std::vector<WriteChecksum>& checksums) {
   return by_rank;
 }
 
+// Waits until v is admitted; `seen` gets the version as the controller
+// last answered (its delta decision among the rest).
 StatusOr<double> WaitAdmitted(controller::ControllerClient& client, int32_t rank, uint64_t v,
-                              const std::function<void(const std::string&)>& log) {
+                              const std::function<void(const std::string&)>& log, controller::VersionStatus* seen) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string me = "trainer rank " + std::to_string(rank) + ": version " + std::to_string(v);
   bool told = false;
@@ -132,6 +139,7 @@ StatusOr<double> WaitAdmitted(controller::ControllerClient& client, int32_t rank
     StatusOr<controller::VersionStatus> s =
         client.WaitVersionAdmitted(v, std::chrono::steady_clock::now() + std::chrono::seconds(10));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.ok()) *seen = *s;
     if (s.ok() && s->admitted) {
       if (told) Log(log, me + ": engine-paced inference ranks let it in after " + std::to_string(waited) + " s");
       return waited;
@@ -158,8 +166,13 @@ StatusOr<VersionReport> RunAndReport(PlanExecutor& executor, controller::Control
   // Engine-paced inference ranks: nothing is written before they let v in.
   // The shards wait where they are (the trainer's own tensors in process,
   // the export region for the sidecar), so reads are not done before then.
-  StatusOr<double> waited = WaitAdmitted(client, rank, v, log);
-  StatusOr<VersionReport> result = waited.ok() ? executor.Run(v, shards) : StatusOr<VersionReport>(waited.status());
+  controller::VersionStatus seen;
+  StatusOr<double> waited = WaitAdmitted(client, rank, v, log, &seen);
+  // The controller's delta decision: it knows which receivers hold which
+  // version intact; the executor knows what its copies hold.
+  DeltaTarget delta{seen.delta_base, seen.delta_ranks};
+  StatusOr<VersionReport> result = waited.ok() ? executor.Run(v, shards, delta.ranks.empty() ? nullptr : &delta)
+                                               : StatusOr<VersionReport>(waited.status());
   if (result.ok()) result->seconds.engine_wait = *waited;
   if (result.ok()) {
     Log(log, result->Summary());
