@@ -453,5 +453,130 @@ TEST(SyncScenarios, ThePlannedExchangeOfStackedExpertsLandsBitForBit) {
   EXPECT_EQ(received, planned) << r->trainer_stats.dump();
 }
 
+
+// Delta versions (docs/DELTAS.md) through what breaks them: every version,
+// delta or whole, is checked bit for bit against the reference; a receiver
+// that registered again, a failed version and a restarted trainer each lead
+// to whole writes where a delta would build on bytes nobody can vouch for,
+// and the controller's record says which ranks took deltas against what.
+TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
+  LocalSyncOptions o = Options("delta");
+  o.full_every = 4;
+  o.drift = 30;  // about 3% of the bf16 weights change per version
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  const int32_t trainers = static_cast<int32_t>(s->specs().trainer.ranks.size());
+  // One version, verified; the controller's delta decision and the bytes
+  // the trainers put on the wire against the weights' whole bytes.
+  struct Sent {
+    std::vector<int32_t> delta_ranks;
+    uint64_t base = 0, wire = 0, whole = 0, delta_writes = 0;
+    std::map<int32_t, uint64_t> deltas_by_trainer;
+  };
+  auto run = [&](uint64_t v) -> Sent {
+    Sent out;
+    ExpectCompleteAndVerified(*s, v);
+    StatusOr<controller::VersionStatus> st = s->client().GetVersion(v);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    if (!st.ok()) return out;
+    out.delta_ranks = st->delta_ranks;
+    out.base = st->delta_base;
+    const nlohmann::json stats = st->raw.contains("trainer_stats") ? st->raw["trainer_stats"] : nlohmann::json::object();
+    for (const auto& [rank, t] : stats.items()) {
+      EXPECT_TRUE(t.is_object()) << "trainer rank " << rank << " reported no stats: " << st->raw.dump();
+      if (!t.is_object()) continue;
+      out.wire += t.value("written_bytes", uint64_t{0});
+      out.whole += t.value("write_bytes", uint64_t{0});
+      out.delta_writes += t.value("delta_writes", uint64_t{0});
+      out.deltas_by_trainer[std::stoi(rank)] = t.value("delta_writes", uint64_t{0});
+    }
+    std::printf("version %llu: delta ranks %zu (base %llu), %llu delta writes, %.2f of %.2f MiB on the wire (%.1f%%)\n",
+                static_cast<unsigned long long>(v), out.delta_ranks.size(), static_cast<unsigned long long>(out.base),
+                static_cast<unsigned long long>(out.delta_writes), out.wire / 1048576.0, out.whole / 1048576.0,
+                out.whole ? 100.0 * out.wire / out.whole : 0.0);
+    return out;
+  };
+  const std::vector<int32_t> both = {0, 1};
+
+  Sent v1 = run(1);  // nothing complete yet: whole
+  EXPECT_TRUE(v1.delta_ranks.empty());
+  EXPECT_EQ(v1.delta_writes, 0u);
+  EXPECT_EQ(v1.wire, v1.whole);
+  Sent v2 = run(2);
+  EXPECT_EQ(v2.delta_ranks, both);
+  EXPECT_EQ(v2.base, 1u);
+  EXPECT_GT(v2.delta_writes, 0u);
+  EXPECT_LT(v2.wire * 4, v2.whole) << "a ~3% drift should send well under a quarter of the bytes";
+  if (HasFailure()) return;
+
+  // A receiver registered again holds nothing the controller can vouch
+  // for: it gets the next version whole. (The trainers rebuild their
+  // executors for the new registration epoch and, today, drop their copies
+  // with them, so the other rank gets it whole as well.)
+  s->KillInferenceAgent(1, SIGKILL);
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  Sent v3 = run(3);
+  EXPECT_EQ(v3.delta_ranks, std::vector<int32_t>{0});
+  Sent v4 = run(4);  // rank 1 took version 3 whole: both take deltas again
+  EXPECT_EQ(v4.delta_ranks, both);
+  EXPECT_EQ(v4.base, 3u);
+  Sent v5 = run(5);  // --full-every 4: three deltas in a row, then whole
+  EXPECT_TRUE(v5.delta_ranks.empty());
+  EXPECT_EQ(v5.wire, v5.whole);
+  Sent v6 = run(6);
+  EXPECT_EQ(v6.delta_ranks, both);
+  if (HasFailure()) return;
+
+  // A failed version: some of its writes may have landed anywhere, so the
+  // next one goes whole to everyone.
+  s->KillInferenceAgent(1, SIGKILL);
+  StatusOr<UpdateReport> r7 = s->Update(7);
+  ASSERT_TRUE(r7.ok()) << r7.status().ToString();
+  EXPECT_EQ(r7->state, "failed");
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  Sent v8 = run(8);
+  EXPECT_TRUE(v8.delta_ranks.empty());
+  EXPECT_EQ(v8.wire, v8.whole);
+  if (HasFailure()) return;
+
+  // A restarted trainer remembers nothing it sent: whatever the controller
+  // allows, its writes go whole (and its peers', whose executors are
+  // rebuilt for the new epoch); the version after goes as deltas again.
+  s->KillTrainerAgent(0, SIGKILL);
+  ASSERT_TRUE(s->StartTrainerAgent(0).ok());
+  ASSERT_TRUE(s->trainer_agent(0).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  Sent v9 = run(9);
+  EXPECT_EQ(v9.delta_ranks, both);
+  EXPECT_EQ(v9.deltas_by_trainer[0], 0u);
+  Sent v10 = run(10);
+  for (int32_t r = 0; r < trainers; ++r)
+    EXPECT_GT(v10.deltas_by_trainer[r], 0u) << "trainer " << r << " sent version 9 itself: its copies hold it";
+}
+
+// In shadow mode the deltas land in the shadow's inboxes and are applied to
+// the shadow, which the commit copies out: the engine's weights only ever
+// hold whole, verified versions.
+TEST(SyncScenarios, DeltaVersionsInShadowModeLandBitForBit) {
+  LocalSyncOptions o = Options("deltashadow");
+  o.full_every = 10;
+  o.drift = 30;
+  o.extra_inference_args = {"--shadow"};
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ExpectCompleteAndVerified(*s, v);
+    if (HasFailure()) return;
+    for (int32_t rank = 0; rank < 2; ++rank) EXPECT_EQ(EngineVersion(*s, rank), v);
+  }
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::ifstream in(s->InferenceLog(rank));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(std::regex_search(log, std::regex("version 3: [1-9][0-9]* deltas applied in ")))
+        << "rank " << rank << " applied no delta:\n" << log;
+  }
+}
+
 }  // namespace
 }  // namespace wsync::demo
