@@ -225,6 +225,7 @@ StatusOr<std::unique_ptr<InferenceSession>> InferenceSession::Create(
   inference::InferenceAgentOptions agent_options;
   agent_options.log = log;
   agent_options.hold = s->config_.verify_checksums;
+  agent_options.deltas = s->config_.deltas;
   if (s->config_.shadow || s->staged_) {
     StatusOr<std::unique_ptr<TorchShadow>> shadow = TorchShadow::Create(regions, s->staged_);
     if (!shadow.ok()) return shadow.status().WithContext(me);

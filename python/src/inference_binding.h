@@ -41,6 +41,8 @@ struct InferenceConfig {
   // Hold each landed version until checked against the trainers' checksums
   // (AgentRunnerOptions::verify_checksums).
   bool verify_checksums = false;
+  // A delta inbox beside each host region (InferenceAgentOptions::deltas).
+  bool deltas = false;
   // Engine-paced (InferenceAgent(paced=True)): the tensors change only inside
   // Update(); live without a shadow, shadow with one (or with host staging).
   bool paced = false;

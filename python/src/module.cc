@@ -174,7 +174,7 @@ PYBIND11_MODULE(_C, m) {
                  ParseConfig(config_json, "trainer config",
                              {"registration", "controller", "secret_file", "tls_ca_file", "job", "provider", "nics",
                               "node", "watermark_bytes", "checksums", "timeout_s", "cuda_device", "host_shards",
-                              "staging"});
+                              "staging", "delta"});
              TrainerConfig config;
              config.registration = c.at("registration");
              config.controller = c.at("controller").get<std::string>();
@@ -186,6 +186,7 @@ PYBIND11_MODULE(_C, m) {
              config.node = c.value("node", std::string());
              config.watermark_bytes = c.value("watermark_bytes", config.watermark_bytes);
              config.checksums = c.value("checksums", false);
+             config.deltas = c.value("delta", false);
              config.timeout = Ms(c.value("timeout_s", 300.0));
              config.cuda_device = c.value("cuda_device", -1);
              config.host_shards = c.value("host_shards", false);
@@ -240,7 +241,7 @@ PYBIND11_MODULE(_C, m) {
              const nlohmann::json c =
                  ParseConfig(config_json, "inference config",
                              {"rank", "controller", "secret_file", "tls_ca_file", "provider", "nics", "node",
-                              "timeout_s", "verify_checksums", "shadow", "staging", "paced"});
+                              "timeout_s", "verify_checksums", "shadow", "staging", "paced", "delta"});
              InferenceConfig config;
              config.rank = c.at("rank");
              config.controller = c.at("controller").get<std::string>();
@@ -254,6 +255,7 @@ PYBIND11_MODULE(_C, m) {
              config.shadow = c.value("shadow", false);
              config.staging = c.value("staging", std::string("auto"));
              config.paced = c.value("paced", false);
+             config.deltas = c.value("delta", false);
              auto to_regions = [](const auto& list) {
                std::vector<inference::WeightMemory::Region> rs;
                for (const auto& [id, ptr, size, cuda, device] : list) {

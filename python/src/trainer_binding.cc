@@ -139,6 +139,7 @@ StatusOr<std::unique_ptr<TrainerSession>> TrainerSession::Create(TrainerConfig c
   ExecutorOptions& options = s->executor_options_;
   options.watermark_bytes = s->config_.watermark_bytes;
   options.checksums = s->config_.checksums;
+  options.deltas = s->config_.deltas;
   options.rendezvous_prefix = s->config_.job + "/" + slice->plan_id;
   options.write_timeout = s->config_.timeout;
   options.device = s->device_.get();

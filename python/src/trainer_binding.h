@@ -47,6 +47,7 @@ struct TrainerConfig {
   std::string node;             // local address for the transport (tcp)
   uint64_t watermark_bytes = 1ull << 30;
   bool checksums = false;  // ExecutorOptions::checksums
+  bool deltas = false;     // ExecutorOptions::deltas
   std::chrono::milliseconds timeout{300000};  // registration/plan, each version
   // The trainer's shards are on this CUDA device (-1: host memory): the
   // pipeline's temporary memory and stages go there (pipeline/device.h) and

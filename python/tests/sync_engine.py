@@ -48,6 +48,7 @@ def main():
                     help="every version checked against the trainers' checksums before it is complete, "
                          "and verify() asked again after each")
     ap.add_argument("--shadow", action="store_true", help="InferenceAgent(shadow=True)")
+    ap.add_argument("--delta", action="store_true", help="InferenceAgent(delta=True)")
     ap.add_argument("--paced", action="store_true",
                     help="InferenceAgent(paced=True): take each version with update(v), so the next one waits for "
                          "this engine to have saved it (no handshake with the trainer)")
@@ -89,7 +90,7 @@ def main():
     with wsync.InferenceAgent(tensors, controller=args.controller, job=args.job, rank=args.rank,
                               instance=instance, layout=layout, timeout_s=args.timeout,
                               verify_checksums=args.verify_checksums, shadow=args.shadow,
-                              paced=args.paced) as agent:
+                              paced=args.paced, delta=args.delta) as agent:
         print(f"engine {args.rank}: registered {len(tensors)} tensors", flush=True)
         for v in range(1, args.versions + 1):
             t0 = time.perf_counter()

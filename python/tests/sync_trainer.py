@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--back-to-back", action="store_true",
                     help="engine-paced engines: push after every step without waiting for any engine; save each "
                          "version's state once its reads are done, and every push's outcome (push-outcomes.json)")
+    ap.add_argument("--lr", type=float, default=fsdp_setup.LR, help="AdamW learning rate")
+    ap.add_argument("--delta", action="store_true", help="TrainerAgent(delta=True)")
     ap.add_argument("--replay", action="store_true",
                     help="after every version but the last, replay_writes() (the next version restores the bytes)")
     args = ap.parse_args()
@@ -110,12 +112,12 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build(args.model, world, args.strided)
-    optimizer = fsdp_setup.make_optimizer(model)
+    optimizer = fsdp_setup.make_optimizer(model, lr=args.lr)
 
     if args.route == "inprocess":
         sync = wsync.TrainerAgent(model, controller=args.controller, job=args.job,
                                   watermark_bytes=args.watermark_mb << 20, timeout_s=args.timeout,
-                                  checksums=args.checksums)
+                                  checksums=args.checksums, delta=args.delta)
         if rank == 0:
             with open(os.path.join(args.out, "registration.json"), "w") as f:
                 json.dump(sync.registration, f)

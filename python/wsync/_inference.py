@@ -58,11 +58,18 @@ class InferenceAgent(SessionOwner):
     in pinned host memory, copied host-to-device once a version landed on
     every rank (shadow mode with the shadow in host memory; the log says
     so); "on" always does that, "off" refuses a transport without FI_HMEM.
+    delta=True: take delta versions (docs/DELTAS.md): an inbox of host
+    memory a third the size of the host tensors is registered beside them;
+    trainers with TrainerAgent(delta=True) write only what changed into it
+    where the controller says this rank holds the version they changed
+    from, and the changes are applied here before the version is complete
+    (GPU tensors take whole writes, so far).
     """
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,
                  scale_suffix="_scale_inv", timeout_s=300.0, nics=1, node="", host=None, secret_file=None,
-                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto", paced=False, mapping=None):
+                 tls_ca_file=None, verify_checksums=False, shadow=False, staging="auto", paced=False, mapping=None,
+                 delta=False):
         if staging not in _STAGING:
             raise ValueError(f"wsync.InferenceAgent rank {rank}: staging={staging!r}: expected one of "
                              f"{', '.join(map(repr, _STAGING))}")
@@ -73,7 +80,7 @@ class InferenceAgent(SessionOwner):
             rank_entry["mapping"] = mapping
         config = {"rank": rank_entry, "controller": controller, "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "",
                   "provider": provider, "nics": nics, "node": node,
-                  "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums),
+                  "timeout_s": float(timeout_s), "verify_checksums": bool(verify_checksums), "delta": bool(delta),
                   "shadow": bool(shadow), "staging": str(staging), "paced": bool(paced)}
         # The shadow (shadow mode, host staging) is allocated by the session.
         self._opened(_C.InferenceSession(json.dumps(config), regions))

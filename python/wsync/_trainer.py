@@ -86,11 +86,17 @@ class TrainerAgent(SessionOwner):
     the temporary arena, one more device-to-host copy per written byte; the
     log says so); "on" always stages, "off" refuses a transport without
     FI_HMEM.
+
+    delta=True (docs/DELTAS.md): keep a copy of the bytes each write last
+    sent, counted against `watermark_bytes`, and send inference ranks made
+    with InferenceAgent(delta=True) only what changed, where the controller
+    (which fixes every --full-every K-th version whole) says they hold the
+    version it changed from. Host-memory pipelines only, so far.
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,
                  nics=1, node="", keep_sharded=(), host=None, backend=None, secret_file=None,
-                 tls_ca_file=None, checksums=False, device=None, staging="auto"):
+                 tls_ca_file=None, checksums=False, device=None, staging="auto", delta=False):
         if staging not in _STAGING:
             raise ValueError(f"wsync.TrainerAgent: staging={staging!r}: expected one of {', '.join(map(repr, _STAGING))}")
         if not dist.is_initialized():
@@ -111,7 +117,7 @@ class TrainerAgent(SessionOwner):
                   "secret_file": secret_file or "", "tls_ca_file": tls_ca_file or "", "nics": nics, "node": node,
                   "watermark_bytes": int(watermark_bytes), "timeout_s": float(timeout_s),
                   "cuda_device": self._cuda_device, "host_shards": host_shards, "checksums": bool(checksums),
-                  "staging": str(staging)}
+                  "staging": str(staging), "delta": bool(delta)}
         self._opened(_C.TrainerSession(json.dumps(config), groups))
         self._groups = groups  # the process groups outlive the session
         self._last = None
