@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "controller/controller.h"
+#include "delta/codec.h"
 #include "models/generate.h"
 #include "routing/json_reader.h"
 #include "routing/plan_io.h"
@@ -139,6 +140,26 @@ void Descriptors() {
   }
 }
 
+// Deltas as EncodeAndAdvance writes them, behind the target-size byte the
+// target reads first (elements = byte * 613): sparse (indices) and dense
+// (bitmaps) changes of 1-, 2- and 4-byte elements.
+void Deltas() {
+  for (uint32_t elem : {1u, 2u, 4u}) {
+    for (uint64_t every : {97u, 3u}) {
+      const uint8_t size_byte = 120;  // 73560 elements: a whole chunk and part of the next
+      const uint64_t bytes = uint64_t{size_byte} * 613 * elem;
+      std::vector<uint8_t> base(bytes), next(bytes), out(bytes * 2 + 4096);
+      for (uint64_t i = 0; i < bytes; ++i) base[i] = next[i] = static_cast<uint8_t>(i * 131 + 7);
+      for (uint64_t i = 0; i < bytes; i += every * elem) next[i] ^= 0x5a;
+      StatusOr<delta::Encoded> e = delta::EncodeAndAdvance(base.data(), next.data(), bytes, elem, out.data(), out.size());
+      if (!e.ok() || !e->fits) continue;
+      std::string seed(1, static_cast<char>(size_byte));
+      seed.append(reinterpret_cast<const char*>(out.data()), e->bytes);
+      Seed("delta_apply", "elem" + std::to_string(elem) + "_every" + std::to_string(every) + ".bin", seed);
+    }
+  }
+}
+
 // The world of tests/cli/data/good as agents send it: one line per request.
 void ControllerScripts() {
   const json trainer = Must(ReadJsonFile(Src("tests/cli/data/good/trainer.json")), "trainer");
@@ -233,6 +254,7 @@ int main(int argc, char** argv) {
   out_dir = argv[2];
   SpecsAndPlans();
   Descriptors();
+  Deltas();
   ControllerScripts();
   StateDir();
   HttpRequests();
