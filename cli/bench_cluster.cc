@@ -61,6 +61,10 @@ struct BenchClusterOptions {
   bool verify = true;
   bool exchange = true;
   uint64_t watermark = 256ull << 20;
+  // Delta versions: updates alternate whole and delta (--full-every 2) on
+  // synthetic weights where about 1/drift of the elements change.
+  bool delta = false;
+  uint32_t drift = 30;
 };
 
 // Slowest trainer rank per pipeline stage, for the progress lines.
@@ -127,6 +131,10 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   so.provider = opt.provider;
   so.watermark = opt.watermark;
   so.exchange = opt.exchange;
+  if (opt.delta) {
+    so.full_every = 2;
+    so.drift = opt.drift;
+  }
   so.job = "bench" + std::to_string(getpid());
   so.work_dir = opt.work_dir.empty() ? "/tmp/wsync-" + so.job : opt.work_dir;
   so.controller = {c.switch_netns(), c.switch_address()};
@@ -136,7 +144,8 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   // --- wsync ---
   progress("starting wsync: controller, " + std::to_string(so.trainers.size()) + " trainer agents, " +
            std::to_string(so.inference.size()) + " inference agents (" + opt.provider + ")");
-  std::vector<double> wsync_seconds;
+  std::vector<double> wsync_seconds, delta_seconds;
+  double delta_wire = 0, delta_whole = 0;  // bytes the delta updates put on the wire, and their weights'
   uint64_t wire_bytes = 0;
   demo::LinkLimit limit, plan_bytes;
   PlanSummary predicted;
@@ -168,7 +177,18 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
       progress("wsync update " + std::to_string(v) + (v == 1 ? " (warm-up)" : "") + ": " +
                std::to_string(r->seconds) + " s; slowest rank's stages (s):" + Stages(r->trainer_stats));
       wire_bytes = r->wire_bytes;
-      if (v > 1) wsync_seconds.push_back(r->seconds);
+      StatusOr<controller::VersionStatus> st = s.client().GetVersion(static_cast<uint64_t>(v));
+      const bool as_delta = st.ok() && !st->delta_ranks.empty();
+      if (as_delta && v > 1) {
+        delta_seconds.push_back(r->seconds);
+        for (const auto& [rank, t] : r->trainer_stats.items()) {
+          if (!t.is_object()) continue;
+          delta_wire += t.value("written_bytes", 0.0);
+          delta_whole += t.value("write_bytes", 0.0);
+        }
+      } else if (v > 1) {
+        wsync_seconds.push_back(r->seconds);
+      }
       if (v == opt.updates + 1 && opt.verify) {
         Status vs = s.Verify(r->version, &*r);
         if (!vs.ok()) return Fail("wsync update " + std::to_string(v) + " verification", vs);
@@ -184,6 +204,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
     }
   }
   const double wsync_s = Median(wsync_seconds);
+  const double delta_s = Median(delta_seconds);
 
   // --- rank-0 baseline ---
   progress("running the rank-0 baseline (gather to trainer rank 0, then rank 0 -> every inference rank)");
@@ -227,6 +248,12 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
         {"predicted_over_measured", wsync_s > 0 ? predicted.predicted_seconds / wsync_s : 0.0}, {"measured_busiest_link_bytes", busiest_measured},
         {"measured_busiest_link", busiest_measured_where},
         {"measured_link_seconds", rate > 0 ? busiest_measured * 8.0 / (rate * 1e9) : 0.0}, {"verified", verified}, {"link_bytes", hosts}};
+    if (opt.delta) {
+      j["delta_seconds"] = delta_s;
+      j["delta_update_seconds"] = delta_seconds;
+      j["delta_wire_fraction"] = delta_whole > 0 ? delta_wire / delta_whole : 0.0;
+      j["delta_over_whole"] = wsync_s > 0 ? delta_s / wsync_s : 0.0;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -235,8 +262,16 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
               opt.provider.c_str(), rate > 0 ? (std::to_string(rate) + " Gbit/s each way (tc tbf)").c_str() : "uncapped");
   std::printf("  model        %.1f MB bf16 on the trainers; %.1f MB written into inference memory per update\n",
               model_bytes / 1e6, wire_bytes / 1e6);
-  std::printf("  wsync        %.3f s  (%.3f GB/s; median of %d updates after 1 warm-up; %s)\n", wsync_s,
-              wsync_s > 0 ? wire_bytes / wsync_s / 1e9 : 0, opt.updates, verified.c_str());
+  std::printf("  wsync        %.3f s  (%.3f GB/s; median of %zu %supdates after 1 warm-up; %s)\n", wsync_s,
+              wsync_s > 0 ? wire_bytes / wsync_s / 1e9 : 0, wsync_seconds.size(), opt.delta ? "whole " : "",
+              verified.c_str());
+  if (opt.delta) {
+    std::printf("  deltas       %.3f s  (median of %zu delta updates between the whole ones above, same links; %.1f%%\n"
+                "               of the bytes on the wire; %.2f of the whole update's time; the predictor does not\n"
+                "               model deltas yet)\n",
+                delta_s, delta_seconds.size(), delta_whole > 0 ? 100 * delta_wire / delta_whole : 0.0,
+                wsync_s > 0 ? delta_s / wsync_s : 0.0);
+  }
   std::printf("  rank-0       %.3f s  (gather %.1f MB into trainer rank 0, then it writes %.1f MB to the inference "
               "ranks; median of %d rounds after 1 warm-up; same transport and links; no fuse/quantize charged, "
               "which favours it)\n",
@@ -264,8 +299,8 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
                 predicted.predicted_seconds, rate, predicted.link.nic_efficiency * 100, err * 100,
                 kTargetPredicted * 100, predicted.predicted_reads_done_seconds);
   }
-  std::printf("  measured     %.1f MB per update crossed the busiest link (%s, eth0 counters)", busiest_measured / 1e6,
-              busiest_measured_where.c_str());
+  std::printf("  measured     %.1f MB per update crossed the busiest link (%s, eth0 counters%s)", busiest_measured / 1e6,
+              busiest_measured_where.c_str(), opt.delta ? "; whole and delta updates averaged" : "");
   if (rate > 0) {
     const double measured_s = busiest_measured * 8.0 / (rate * 1e9);
     std::printf(": %.3f s at the cap, wsync/that %.2f\n", measured_s, wsync_s / measured_s);
@@ -298,6 +333,12 @@ void AddBenchCluster(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--format", opt->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->add_flag("!--no-verify", opt->verify, "skip the bit-for-bit check of the last update");
+  cmd->add_flag("--delta", opt->delta,
+                "delta versions: updates alternate whole and delta (agents with --delta, --full-every 2), timed "
+                "apart, on synthetic weights of which about 1/--drift change per update");
+  cmd->add_option("--drift", opt->drift, "with --delta: about 1/P of the elements change per update")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--exchange,!--full-tensor", opt->exchange,
                 "unshard by the planned exchange (the default: each trainer rank receives only the rows it writes) "
                 "or all-gather whole tensors (--full-tensor)");
