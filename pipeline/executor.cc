@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "delta/codec.h"
 #include "delta/inbox.h"
@@ -570,6 +572,53 @@ uint64_t PlanExecutor::delta_copy_bytes() const {
   uint64_t bytes = 0;
   for (const DeltaCopy& c : impl_->copies) bytes += c.bytes;
   return bytes;
+}
+
+HeldCopies PlanExecutor::TakeHeldCopies() {
+  HeldCopies held;
+  for (const SourceWork& sw : impl_->work) {
+    for (const WriteWork& ww : sw.writes) {
+      if (ww.copy < 0) continue;
+      const DeltaCopy& c = impl_->copies[static_cast<size_t>(ww.copy)];
+      const RankWrite& w = *ww.write;
+      held.entries.push_back({w.dst_rank, w.region, w.region_offset, w.bytes, c.at, c.holds});
+    }
+  }
+  held.memory = std::move(impl_->copy_memory);
+  for (DeltaCopy& c : impl_->copies) c.holds = ~0ull;
+  impl_->copies.clear();
+  for (SourceWork& sw : impl_->work)
+    for (WriteWork& ww : sw.writes) ww.copy = -1;
+  return held;
+}
+
+void PlanExecutor::AdoptHeldCopies(HeldCopies held) {
+  Impl& impl = *impl_;
+  if (held.memory == nullptr || impl.copies.empty()) return;
+  std::vector<std::pair<const WriteWork*, DeltaCopy*>> mine;
+  for (const SourceWork& sw : impl.work)
+    for (const WriteWork& ww : sw.writes)
+      if (ww.copy >= 0) mine.emplace_back(&ww, &impl.copies[static_cast<size_t>(ww.copy)]);
+  auto same = [](const HeldCopies::Entry& e, const WriteWork& ww, const DeltaCopy& c) {
+    const RankWrite& w = *ww.write;
+    return e.dst_rank == w.dst_rank && e.region == w.region && e.offset == w.region_offset && e.bytes == w.bytes &&
+           e.at == c.at;
+  };
+  bool identical = mine.size() == held.entries.size();
+  for (size_t i = 0; identical && i < mine.size(); ++i) identical = same(held.entries[i], *mine[i].first, *mine[i].second);
+  if (identical) {  // the usual case: the same routing, so the same layout; no copy of the copies
+    impl.copy_memory = std::move(held.memory);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].second->holds = held.entries[i].holds;
+    return;
+  }
+  std::map<std::tuple<int32_t, std::string, uint64_t, uint64_t>, const HeldCopies::Entry*> by_write;
+  for (const HeldCopies::Entry& e : held.entries) by_write[{e.dst_rank, e.region, e.offset, e.bytes}] = &e;
+  for (auto& [ww, c] : mine) {
+    auto it = by_write.find({ww->write->dst_rank, ww->write->region, ww->write->region_offset, ww->write->bytes});
+    if (it == by_write.end()) continue;
+    std::memcpy(impl.copy_memory.get() + c->at, held.memory.get() + it->second->at, c->bytes);
+    c->holds = it->second->holds;
+  }
 }
 
 uint64_t PlanExecutor::arena_bytes() const { return impl_->arena ? impl_->arena->capacity() : 0; }

@@ -101,6 +101,22 @@ struct ExecutorOptions {
   bool deltas = false;
 };
 
+// The copies of what receivers hold (ExecutorOptions::deltas), handed from
+// an executor to its successor for a new registration epoch: the routing is
+// the same, only descriptors moved, so the bytes each write last sent are
+// still what its receiver holds (or the controller says otherwise).
+struct HeldCopies {
+  struct Entry {
+    int32_t dst_rank = -1;
+    std::string region;
+    uint64_t offset = 0, bytes = 0;  // the write's
+    uint64_t at = 0;                 // in memory
+    uint64_t holds = ~0ull;
+  };
+  std::vector<Entry> entries;
+  std::unique_ptr<uint8_t[]> memory;
+};
+
 // What the controller decided for one version (controller::VersionStatus):
 // writes to inference ranks in `ranks` may go as deltas against `base`.
 struct DeltaTarget {
@@ -191,6 +207,11 @@ class PlanExecutor {
   // ExecutorOptions::deltas: bytes of the copies kept, and of the writes
   // they cover (of plan().write_bytes).
   uint64_t delta_copy_bytes() const;
+  // Hands the copies over (this executor keeps none after it) / takes over
+  // those of writes this plan has too (same receiver, region, offset and
+  // length), each still holding the version it held.
+  HeldCopies TakeHeldCopies();
+  void AdoptHeldCopies(HeldCopies held);
   // Drops the collective groups; the next Run rebuilds them (generation = its
   // version). Run does this by itself after a failed collective.
   void ResetGroups();

@@ -69,6 +69,9 @@ Status RebuildExecutor(controller::TrainerPlanSlice slice, GroupFactory* groups,
                        const EngineFactory* make_engine, const std::string& me,
                        const std::function<void(const std::string&)>& log, std::unique_ptr<transport::Engine>& engine,
                        std::unique_ptr<PlanExecutor>& executor, uint64_t& epoch) {
+  // What the old executor's writes last sent is still what their receivers
+  // hold: the new one keeps it (the controller decides whom that serves).
+  HeldCopies held = executor != nullptr ? executor->TakeHeldCopies() : HeldCopies{};
   executor.reset();  // waits for its writes still in flight
   if (make_engine != nullptr) {
     engine.reset();
@@ -81,6 +84,7 @@ Status RebuildExecutor(controller::TrainerPlanSlice slice, GroupFactory* groups,
       PlanExecutor::Create(std::move(slice.plan), engine.get(), groups, options);
   if (!made.ok()) return made.status().WithContext(me + ": epoch " + std::to_string(slice.epoch));
   executor = std::move(made).value();
+  executor->AdoptHeldCopies(std::move(held));
   epoch = slice.epoch;
   log("re-imported the plan of epoch " + std::to_string(epoch));
   return Status::Ok();

@@ -510,14 +510,16 @@ TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
   if (HasFailure()) return;
 
   // A receiver registered again holds nothing the controller can vouch
-  // for: it gets the next version whole. (The trainers rebuild their
-  // executors for the new registration epoch and, today, drop their copies
-  // with them, so the other rank gets it whole as well.)
+  // for: it gets the next version whole, the other rank a delta (the
+  // trainers' executors, rebuilt for the new registration epoch, keep
+  // their copies).
   s->KillInferenceAgent(1, SIGKILL);
   ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
   ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
   Sent v3 = run(3);
   EXPECT_EQ(v3.delta_ranks, std::vector<int32_t>{0});
+  EXPECT_GT(v3.delta_writes, 0u);
+  EXPECT_GT(v3.wire * 3, v3.whole) << "rank 1's half must go whole";
   Sent v4 = run(4);  // rank 1 took version 3 whole: both take deltas again
   EXPECT_EQ(v4.delta_ranks, both);
   EXPECT_EQ(v4.base, 3u);
@@ -542,14 +544,15 @@ TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
   if (HasFailure()) return;
 
   // A restarted trainer remembers nothing it sent: whatever the controller
-  // allows, its writes go whole (and its peers', whose executors are
-  // rebuilt for the new epoch); the version after goes as deltas again.
+  // allows, its writes go whole; its peers' (rebuilt for the new epoch,
+  // copies kept) go as deltas.
   s->KillTrainerAgent(0, SIGKILL);
   ASSERT_TRUE(s->StartTrainerAgent(0).ok());
   ASSERT_TRUE(s->trainer_agent(0).WaitForLine("ready", std::chrono::seconds(60)).ok());
   Sent v9 = run(9);
   EXPECT_EQ(v9.delta_ranks, both);
   EXPECT_EQ(v9.deltas_by_trainer[0], 0u);
+  for (int32_t r = 1; r < trainers; ++r) EXPECT_GT(v9.deltas_by_trainer[r], 0u) << "trainer " << r;
   Sent v10 = run(10);
   for (int32_t r = 0; r < trainers; ++r)
     EXPECT_GT(v10.deltas_by_trainer[r], 0u) << "trainer " << r << " sent version 9 itself: its copies hold it";
