@@ -111,10 +111,11 @@ def _deploy(tmp_path_factory, model_name):
           f"trainer ranks", flush=True)
     engine = start("engine", [sys.executable, os.path.join(HERE, "vllm_engine.py"), "--model", str(out / "ckpt_v0"),
                               "--controller", address, "--job", "vllm", "--tp", str(TP), "--versions", str(VERSIONS),
-                              "--out", str(out)], stdout=open(str(out / "engine.out"), "w"))
+                              "--out", str(out), "--delta"], stdout=open(str(out / "engine.out"), "w"))
     trainers = start("trainers", [torchrun(), "--standalone", "--nproc-per-node", "2",
                                   os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "vllm",
-                                  "--versions", str(VERSIONS), "--out", str(out), "--model", model_name], stdout=subprocess.DEVNULL)
+                                  "--versions", str(VERSIONS), "--out", str(out), "--model", model_name, "--delta"],
+                     stdout=open(str(out / "trainers.out"), "w"))
     try:
         _wait_for((("trainers", trainers), ("engine", engine)), logs)
     finally:

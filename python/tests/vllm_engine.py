@@ -113,6 +113,7 @@ def main():
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--out", required=True)
     ap.add_argument("--secret-file", default=os.environ.get("WSYNC_SECRET_FILE"))
+    ap.add_argument("--delta", action="store_true", help="init_info delta=True (delta inboxes beside the weights)")
     a = ap.parse_args()
     # vLLM's CPU backend binds each TP worker's threads to a NUMA node of
     # its own unless told which cores to use; this machine has one node.
@@ -124,7 +125,8 @@ def main():
     llm = make_llm(a.model, a.tp, wsync=True)
     t = time.time()
     llm.collective_rpc("init_weight_transfer_engine",
-                       kwargs={"init_info": {"controller": a.controller, "job": a.job, "secret_file": a.secret_file}})
+                       kwargs={"init_info": {"controller": a.controller, "job": a.job, "secret_file": a.secret_file,
+                                                 "delta": a.delta}})
     say(f"wsync backend initialized on {a.tp} workers in {time.time() - t:.2f} s")
     result["tokens"]["0"] = tokens(llm)
     figures = llm.collective_rpc(last_update)

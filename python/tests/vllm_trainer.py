@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="qwen3", choices=sorted(BUILDERS))
     ap.add_argument("--timeout-s", type=float, default=300.0, help="TrainerAgent's timeout (the plan included)")
+    ap.add_argument("--delta", action="store_true", help="TrainerAgent(delta=True)")
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -75,7 +76,7 @@ def main():
     _, model = builder()
     fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     optimizer = fsdp_setup.make_optimizer(model)
-    agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job, timeout_s=a.timeout_s)
+    agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job, timeout_s=a.timeout_s, delta=a.delta)
     print(f"vllm_trainer rank {rank}: registered; the world is planned", flush=True)
     for v in range(1, a.versions + 1):
         loss = fsdp_setup.train_step(model, optimizer, v, rank)
@@ -85,8 +86,9 @@ def main():
         push = agent.push(v)
         push.wait_reads_done()
         report = push.wait()
-        print(f"vllm_trainer rank {rank}: version {v} (loss {loss:.3f}) pushed: {report['stages']['total']:.3f} s",
-              flush=True)
+        print(f"vllm_trainer rank {rank}: version {v} (loss {loss:.3f}) pushed: {report['stages']['total']:.3f} s; "
+              f"{report['delta_writes']} of {report['writes']} writes as deltas, {report['written_bytes']} of "
+              f"{report['write_bytes']} bytes on the wire", flush=True)
     agent.close()
     fsdp_setup.leave_job()
 

@@ -78,6 +78,7 @@ class WsyncInitInfo(WeightTransferInitInfo):
     secret_file: str | None = None
     provider: str = "shm"
     timeout_s: float = 300.0
+    delta: bool = False  # InferenceAgent(delta=True): take delta versions (docs/DELTAS.md)
 
 
 @dataclass
@@ -399,7 +400,7 @@ class WsyncWeightTransferEngine(WeightTransferEngine[WsyncInitInfo, WsyncUpdateI
         self.agent = InferenceAgent(regions, controller=init_info.controller, job=init_info.job, rank=rank,
                                     provider=init_info.provider, instance=instance, layout=layout,
                                     timeout_s=init_info.timeout_s, secret_file=init_info.secret_file,
-                                    paced=True, mapping=mapping)
+                                    paced=True, mapping=mapping, delta=init_info.delta)
         self.rank = rank
         self.timeout_s = init_info.timeout_s  # update_weights waits at most this for its version
         self.init_seconds = time.perf_counter() - t0
@@ -523,6 +524,7 @@ class WsyncTrainerInitInfo(TrainerInitInfo):
     secret_file: str | None = None
     provider: str = "shm"
     timeout_s: float = 300.0
+    delta: bool = False  # both sides take part in delta versions (docs/DELTAS.md)
 
 
 def _post(base, path):
@@ -554,10 +556,11 @@ class WsyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[WsyncTrainerI
         if self.is_sender:
             client.init_weight_transfer_engine({"controller": init_info.controller, "job": init_info.job,
                                                 "secret_file": init_info.secret_file,
-                                                "provider": init_info.provider, "timeout_s": init_info.timeout_s})
+                                                "provider": init_info.provider, "timeout_s": init_info.timeout_s,
+                                                "delta": init_info.delta})
         self.agent = TrainerAgent(module, controller=init_info.controller, job=init_info.job,
                                   provider=init_info.provider, timeout_s=init_info.timeout_s,
-                                  secret_file=init_info.secret_file)
+                                  secret_file=init_info.secret_file, delta=init_info.delta)
         self.version = 0
         return self
 
