@@ -146,9 +146,10 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
            std::to_string(so.inference.size()) + " inference agents (" + opt.provider + ")");
   std::vector<double> wsync_seconds, delta_seconds;
   double delta_wire = 0, delta_whole = 0;  // bytes the delta updates put on the wire, and their weights'
+  double find_bytes = 0, find_seconds = 0;  // per rank and delta update: written bytes, and the find stage
   uint64_t wire_bytes = 0;
   demo::LinkLimit limit, plan_bytes;
-  PlanSummary predicted;
+  PlanSummary predicted, predicted_delta;
   std::vector<uint64_t> inference_bytes;
   std::string verified = "not verified";
   uint64_t busiest_measured = 0;
@@ -185,6 +186,10 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
           if (!t.is_object()) continue;
           delta_wire += t.value("written_bytes", 0.0);
           delta_whole += t.value("write_bytes", 0.0);
+          if (t.contains("stages")) {
+            find_bytes += t.value("write_bytes", 0.0);
+            find_seconds += t["stages"].value("delta", 0.0);
+          }
         }
       } else if (v > 1) {
         wsync_seconds.push_back(r->seconds);
@@ -194,6 +199,15 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
         if (!vs.ok()) return Fail("wsync update " + std::to_string(v) + " verification", vs);
         verified = "verified bit for bit (" + std::to_string(r->verified_tensors) + " tensors)";
       }
+    }
+    // The predictor's delta path over the same links, with the fraction and
+    // the find rate (one rank's written bytes per second of its find stage)
+    // this run measured; the apply is not in the trainers' reports.
+    if (opt.delta && rate > 0 && delta_whole > 0 && find_seconds > 0) {
+      LinkModel links = EmulatedLinks(rate);
+      links.delta_fraction = delta_wire / delta_whole;
+      links.delta_find_gbps = find_bytes / find_seconds / 1e9;
+      predicted_delta = Summarize(s.table(), links, &*rank_plans);
     }
     // What really crossed each host link (eth0 counters: payload plus TCP/IP
     // headers and Gloo/control traffic), per timed update.
@@ -253,6 +267,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
       j["delta_update_seconds"] = delta_seconds;
       j["delta_wire_fraction"] = delta_whole > 0 ? delta_wire / delta_whole : 0.0;
       j["delta_over_whole"] = wsync_s > 0 ? delta_s / wsync_s : 0.0;
+      j["delta_predicted_seconds"] = predicted_delta.delta_predicted_seconds;
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -267,10 +282,15 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
               verified.c_str());
   if (opt.delta) {
     std::printf("  deltas       %.3f s  (median of %zu delta updates between the whole ones above, same links; %.1f%%\n"
-                "               of the bytes on the wire; %.2f of the whole update's time; the predictor does not\n"
-                "               model deltas yet)\n",
+                "               of the bytes on the wire; %.2f of the whole update's time)\n",
                 delta_s, delta_seconds.size(), delta_whole > 0 ? 100 * delta_wire / delta_whole : 0.0,
                 wsync_s > 0 ? delta_s / wsync_s : 0.0);
+    if (predicted_delta.delta_predicted_seconds > 0) {
+      std::printf("  predicted    %.3f s for a delta update by the same model with this run's fraction and find rate\n"
+                  "               (%.2f GB/s per rank), %+.0f%% against measured\n",
+                  predicted_delta.delta_predicted_seconds, predicted_delta.link.delta_find_gbps,
+                  delta_s > 0 ? (predicted_delta.delta_predicted_seconds / delta_s - 1) * 100 : 0.0);
+    }
   }
   std::printf("  rank-0       %.3f s  (gather %.1f MB into trainer rank 0, then it writes %.1f MB to the inference "
               "ranks; median of %d rounds after 1 warm-up; same transport and links; no fuse/quantize charged, "

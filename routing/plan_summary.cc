@@ -310,8 +310,12 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
 
   const double nic_bps = BytesPerSecond(link.nic_gbps) * link.nic_efficiency;
   const double nvlink_bps = BytesPerSecond(link.nvlink_gbps);
-  std::vector<double> rank_path(nt, 0), rank_reads_done(nt, 0);
+  std::vector<double> rank_path(nt, 0), rank_reads_done(nt, 0), rank_path_delta(nt, 0);
+  const bool deltas = link.delta_fraction > 0;
+  const double find_bps = deltas && link.delta_find_gbps > 0 ? link.delta_find_gbps * 1e9 : 0;
+  const double apply_bps = deltas && link.delta_apply_gbps > 0 ? link.delta_apply_gbps * 1e9 : 0;
   for (size_t g = 0; g < num_groups; ++g) {
+    double group_delta = 0;
     MeshGroupSummary m;
     m.name = table.mesh_groups[g].name;
     m.ranks = static_cast<int32_t>(table.mesh_groups[g].ranks.size());
@@ -337,7 +341,13 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
       m.allgather_seconds = std::max(m.allgather_seconds, ag);
       m.write_seconds = std::max(m.write_seconds, wr);
       m.seconds = std::max(m.seconds, t);
+      if (deltas) {
+        const double wr_delta = (g_tnic[g][tnic_of[r]] * link.delta_fraction + g_unshard_send[g][tnic_of[r]]) / nic_bps +
+                                g_writes[g][r] * link.per_write_us * 1e-6 + (find_bps > 0 ? g_sent[g][r] / find_bps : 0);
+        group_delta = std::max(group_delta, std::max(ag, wr_delta) + std::min(ag, wr_delta) / calls);
+      }
     }
+    for (int32_t r : table.mesh_groups[g].ranks) rank_path_delta[r] += group_delta + link.barrier_us * 1e-6;
     m.seconds += link.barrier_us * 1e-6;
     m.sender_bytes = Distribute(rank_bytes);
     // The barrier makes every rank of the group wait for the slowest one;
@@ -352,6 +362,13 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
   s.predicted_seconds = std::max(s.sender_bound_seconds, s.receive_bound_seconds);
   s.predicted_reads_done_seconds =
       rank_reads_done.empty() ? 0 : *std::max_element(rank_reads_done.begin(), rank_reads_done.end());
+  if (deltas) {
+    s.delta_sender_bound_seconds =
+        rank_path_delta.empty() ? 0 : *std::max_element(rank_path_delta.begin(), rank_path_delta.end());
+    s.delta_receive_bound_seconds = s.receiver_nic_bytes.max * link.delta_fraction / nic_bps +
+                                    (apply_bps > 0 ? s.receiver_nic_bytes.max / apply_bps : 0);
+    s.delta_predicted_seconds = std::max(s.delta_sender_bound_seconds, s.delta_receive_bound_seconds);
+  }
   return s;
 }
 
@@ -450,6 +467,17 @@ std::string FormatSummaryText(const PlanSummary& s) {
     << "); bytes-over-busiest-NIC limit " << Seconds(s.wire_limit_seconds) << "\n";
   o << "  trainer stall (until every rank has read its last shard) " << Seconds(s.predicted_reads_done_seconds)
     << "\n";
+  if (l.delta_fraction > 0) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "  delta version %s = max(sender path %s, busiest receiver NIC and apply %s): %.1f%% of the bytes "
+                  "on the wire, changes found at %.0f GB/s per trainer rank, applied at %.0f GB/s per inference rank "
+                  "(docs/DELTAS.md)\n",
+                  Seconds(s.delta_predicted_seconds).c_str(), Seconds(s.delta_sender_bound_seconds).c_str(),
+                  Seconds(s.delta_receive_bound_seconds).c_str(), l.delta_fraction * 100, l.delta_find_gbps,
+                  l.delta_apply_gbps);
+    o << line;
+  }
   o << "  link model: " << (l.one_link_per_host ? "one link per host, " : "") << "NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
     << "% efficiency per direction; " << l.per_write_us << " us to post a write; unshard ("
     << (s.from_rank_plans ? "the rank plans' exchange and all-gathers, peer by peer" : "full_tensor")
@@ -499,6 +527,12 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["sender_bound_seconds"] = s.sender_bound_seconds;
   j["receive_bound_seconds"] = s.receive_bound_seconds;
   j["wire_limit_seconds"] = s.wire_limit_seconds;
+  if (s.link.delta_fraction > 0) {
+    j["delta"] = {{"fraction", s.link.delta_fraction}, {"find_gbps", s.link.delta_find_gbps},
+                  {"apply_gbps", s.link.delta_apply_gbps}, {"predicted_seconds", s.delta_predicted_seconds},
+                  {"sender_bound_seconds", s.delta_sender_bound_seconds},
+                  {"receive_bound_seconds", s.delta_receive_bound_seconds}};
+  }
   j["link_model"] = {{"nic_gbps", s.link.nic_gbps}, {"nic_efficiency", s.link.nic_efficiency},
                      {"per_write_us", s.link.per_write_us},
                      {"nvlink_gbps", s.link.nvlink_gbps},

@@ -32,6 +32,14 @@ struct LinkModel {
   // Every NIC of a host shares one link (an emulated host's one veth, or a
   // host whose NICs sit behind one uplink): bytes are counted per host.
   bool one_link_per_host = false;
+  // Delta versions (docs/DELTAS.md), predicted beside whole ones when
+  // delta_fraction > 0: the fraction of written bytes a delta version puts
+  // on the wire, and the rates, in GB/s of written bytes, at which a trainer
+  // rank finds what changed (encode: reading its copy and the new bytes) and
+  // an inference rank applies it at commit.
+  double delta_fraction = 0;
+  double delta_find_gbps = 0;
+  double delta_apply_gbps = 0;
 };
 
 struct Distribution {
@@ -98,6 +106,13 @@ struct PlanSummary {
   // when training may go on.
   double predicted_reads_done_seconds = 0;
   double wire_limit_seconds = 0;      // busiest NIC (either side), bytes only
+  // With LinkModel::delta_fraction: the same for a delta version. The
+  // sender path adds the find to each rank's writes and sends the fraction;
+  // the receiver's NIC takes the fraction, then the apply runs over every
+  // byte the deltas stand for.
+  double delta_predicted_seconds = 0;
+  double delta_sender_bound_seconds = 0;
+  double delta_receive_bound_seconds = 0;
 };
 
 // `rank_plans`, when given (every trainer rank's, ExtractTrainerRankPlans),

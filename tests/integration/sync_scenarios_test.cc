@@ -558,6 +558,29 @@ TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
     EXPECT_GT(v10.deltas_by_trainer[r], 0u) << "trainer " << r << " sent version 9 itself: its copies hold it";
 }
 
+// Where everything changes (drift 1: every element, every version), no
+// delta fits its slot: the controller allows deltas, the trainers fall back
+// to whole writes, and every byte is still right.
+TEST(SyncScenarios, DeltasThatWouldNotFitTheirSlotsGoWhole) {
+  LocalSyncOptions o = Options("deltafull");
+  o.full_every = 10;
+  o.drift = 1;
+  auto s = StartOrDie(o);
+  ASSERT_NE(s, nullptr);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ExpectCompleteAndVerified(*s, v);
+    if (HasFailure()) return;
+    StatusOr<controller::VersionStatus> st = s->client().GetVersion(v);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->delta_ranks.size(), v == 1 ? 0u : 2u);
+    for (const auto& [rank, t] : st->raw["trainer_stats"].items()) {
+      EXPECT_EQ(t.value("delta_writes", uint64_t{1}), 0u) << "trainer " << rank << ", version " << v;
+      EXPECT_EQ(t.value("written_bytes", uint64_t{0}), t.value("write_bytes", uint64_t{1}));
+      EXPECT_GT(t.value("delta_copy_bytes", uint64_t{0}), 0u);
+    }
+  }
+}
+
 // In shadow mode the deltas land in the shadow's inboxes and are applied to
 // the shadow, which the commit copies out: the engine's weights only ever
 // hold whole, verified versions.

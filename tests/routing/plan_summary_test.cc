@@ -52,5 +52,25 @@ TEST(PlanSummaryTest, OneLinkPerHostCarriesEveryRankOfTheHost) {
   EXPECT_EQ(s.receiver_nic_bytes.count, 1u);
 }
 
+// A delta version, by hand: each rank finds changes in its 1 GB at 4 GB/s
+// (0.25 s), sends 10% of it (0.1 s at 1 GB/s); each receiver takes its
+// 0.1 GB (0.1 s) and applies over its 1 GB at 2 GB/s (0.5 s).
+TEST(PlanSummaryTest, ADeltaVersionSendsItsFractionAfterTheFindAndAppliesAfterTheLanding) {
+  LinkModel m = Plain();
+  m.delta_fraction = 0.1;
+  m.delta_find_gbps = 4;
+  m.delta_apply_gbps = 2;
+  const PlanSummary s = Summarize(TwoByTwo(), m);
+  EXPECT_DOUBLE_EQ(s.predicted_seconds, 1.0);  // the whole version is unchanged
+  EXPECT_NEAR(s.delta_sender_bound_seconds, 0.35, 1e-12);
+  EXPECT_NEAR(s.delta_receive_bound_seconds, 0.6, 1e-12);
+  EXPECT_NEAR(s.delta_predicted_seconds, 0.6, 1e-12);
+}
+
+TEST(PlanSummaryTest, NoDeltaFractionPredictsNoDeltaVersion) {
+  const PlanSummary s = Summarize(TwoByTwo(), Plain());
+  EXPECT_EQ(s.delta_predicted_seconds, 0.0);
+}
+
 }  // namespace
 }  // namespace wsync
