@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace wsync {
 namespace {
@@ -28,7 +29,7 @@ inline uint64_t Merge(uint64_t acc, uint64_t v) { return (acc ^ Round(0, v)) * k
 
 }  // namespace
 
-void Checksum64Stream::Update(const void* data, size_t bytes) {
+void Xxh64Stream::Update(const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   const uint8_t* const end = p + bytes;
   total_ += bytes;
@@ -46,14 +47,14 @@ void Checksum64Stream::Update(const void* data, size_t bytes) {
   tail_bytes_ = static_cast<size_t>(end - p);
 }
 
-void Checksum64Stream::Stripe(const uint8_t* p) {
+void Xxh64Stream::Stripe(const uint8_t* p) {
   v_[0] = Round(v_[0], Load64(p));
   v_[1] = Round(v_[1], Load64(p + 8));
   v_[2] = Round(v_[2], Load64(p + 16));
   v_[3] = Round(v_[3], Load64(p + 24));
 }
 
-uint64_t Checksum64Stream::Final() const {
+uint64_t Xxh64Stream::Final() const {
   uint64_t h;
   if (total_ >= 32) {
     h = Rotl(v_[0], 1) + Rotl(v_[1], 7) + Rotl(v_[2], 12) + Rotl(v_[3], 18);
@@ -78,10 +79,64 @@ uint64_t Checksum64Stream::Final() const {
   return h;
 }
 
-uint64_t Checksum64(const void* data, size_t bytes) {
-  Checksum64Stream s;
+uint64_t Xxh64(const void* data, size_t bytes) {
+  Xxh64Stream s;
   s.Update(data, bytes);
   return s.Final();
+}
+
+namespace {
+
+// The leaf hashes as the next level's bytes: 8 each, little-endian (the
+// hosts wsync runs on are little-endian, so the array's own bytes).
+uint64_t TreeOf(std::vector<uint64_t> level) {
+  static_assert(sizeof(uint64_t) == 8);
+  while (level.size() * 8 > kChecksumLeafBytes) {
+    const auto* p = reinterpret_cast<const uint8_t*>(level.data());
+    const size_t bytes = level.size() * 8;
+    std::vector<uint64_t> up((bytes + kChecksumLeafBytes - 1) / kChecksumLeafBytes);
+    for (size_t i = 0; i < up.size(); ++i) {
+      up[i] = Xxh64(p + i * kChecksumLeafBytes, std::min<size_t>(kChecksumLeafBytes, bytes - i * kChecksumLeafBytes));
+    }
+    level = std::move(up);
+  }
+  return Xxh64(level.data(), level.size() * 8);
+}
+
+}  // namespace
+
+uint64_t Checksum64(const void* data, size_t bytes) {
+  if (bytes <= kChecksumLeafBytes) return Xxh64(data, bytes);
+  const auto* p = static_cast<const uint8_t*>(data);
+  std::vector<uint64_t> leaves((bytes + kChecksumLeafBytes - 1) / kChecksumLeafBytes);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    leaves[i] = Xxh64(p + i * kChecksumLeafBytes, std::min<size_t>(kChecksumLeafBytes, bytes - i * kChecksumLeafBytes));
+  }
+  return TreeOf(std::move(leaves));
+}
+
+void Checksum64Stream::Update(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  total_ += bytes;
+  while (bytes > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(bytes, kChecksumLeafBytes - leaf_bytes_));
+    leaf_.Update(p, take);
+    leaf_bytes_ += take;
+    p += take;
+    bytes -= take;
+    if (leaf_bytes_ == kChecksumLeafBytes) {
+      leaves_.push_back(leaf_.Final());
+      leaf_ = Xxh64Stream();
+      leaf_bytes_ = 0;
+    }
+  }
+}
+
+uint64_t Checksum64Stream::Final() const {
+  if (total_ <= kChecksumLeafBytes) return leaves_.empty() ? leaf_.Final() : leaves_[0];
+  std::vector<uint64_t> leaves = leaves_;
+  if (leaf_bytes_ > 0) leaves.push_back(leaf_.Final());
+  return TreeOf(std::move(leaves));
 }
 
 std::string ChecksumText(uint64_t h) {
