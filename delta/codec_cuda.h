@@ -1,7 +1,8 @@
 // The delta codec of delta/codec.h on a GPU: the same "wsync delta v1"
 // bytes, found and applied by kernels where the weights are (a trainer's
 // packed writes, an engine's tensors), checked byte for byte against the
-// CPU codec by tests/delta/gpu/delta_bench.cu on an H200.
+// CPU codec by tests/delta/gpu/delta_bench.cu (seen agreeing on an H100,
+// 2026-12-07; docs/DELTAS.md has its speed).
 //
 // Encode reads base and next twice (a counting pass, then a writing pass
 // once the chunk offsets are known on the host): about twice a
