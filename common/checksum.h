@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "common/xxh64_steps.h"
+
 namespace wsync {
 
 constexpr uint64_t kChecksumLeafBytes = 4096;
@@ -41,8 +43,7 @@ class Xxh64Stream {
 
  private:
   void Stripe(const uint8_t* p);
-  uint64_t v_[4] = {0x9E3779B185EBCA87ull + 0xC2B2AE3D27D4EB4Full, 0xC2B2AE3D27D4EB4Full, 0,
-                    0 - 0x9E3779B185EBCA87ull};
+  uint64_t v_[4] = {xxh64::kLane1, xxh64::kLane2, xxh64::kLane3, xxh64::kLane4};
   uint8_t tail_[32] = {};
   size_t tail_bytes_ = 0;
   uint64_t total_ = 0;

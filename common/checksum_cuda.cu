@@ -4,69 +4,42 @@
 #include <string>
 
 #include "common/checksum.h"
+#include "common/xxh64_steps.h"
 
 namespace wsync {
 namespace {
 
-constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull;
-constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4Full;
-constexpr uint64_t kP3 = 0x165667B19E3779F9ull;
-constexpr uint64_t kP4 = 0x85EBCA77C2B2AE63ull;
-constexpr uint64_t kP5 = 0x27D4EB2F165667C5ull;
+using xxh64::Round;
 constexpr int kThreads = 128;
 constexpr uint32_t kLeaf = static_cast<uint32_t>(kChecksumLeafBytes);
 
-__device__ __forceinline__ uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-__device__ __forceinline__ uint64_t Round(uint64_t acc, uint64_t input) { return Rotl(acc + input * kP2, 31) * kP1; }
-__device__ __forceinline__ uint64_t Merge(uint64_t acc, uint64_t v) { return (acc ^ Round(0, v)) * kP1 + kP4; }
-
 // Little-endian loads at any alignment (a write may start at any byte).
-__device__ __forceinline__ uint64_t Load64(const uint8_t* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-__device__ __forceinline__ uint32_t Load32(const uint8_t* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
+struct DeviceLoads {
+  WSYNC_XXH64_FN static uint64_t Load64(const uint8_t* p) {
+    if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+  }
+  WSYNC_XXH64_FN static uint32_t Load32(const uint8_t* p) {
+    if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
+    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+  }
+};
 
-// XXH64, seed 0, of n <= 4096 bytes at any alignment: common/checksum.cc's
-// Xxh64Stream in one piece (LeafKernel's path for the leaves it does not
-// read through shared memory).
-__device__ uint64_t Xxh64Leaf(const uint8_t* p, uint32_t n) {
+// XXH64 of n <= 4096 bytes at any alignment, in one piece (LeafKernel's
+// path for the leaves it does not read through shared memory).
+__host__ __device__ uint64_t Xxh64Leaf(const uint8_t* p, uint32_t n) {
   const uint8_t* const end = p + n;
-  uint64_t h;
-  if (n >= 32) {
-    uint64_t v1 = kP1 + kP2, v2 = kP2, v3 = 0, v4 = 0 - kP1;
-    for (; end - p >= 32; p += 32) {
-      v1 = Round(v1, Load64(p));
-      v2 = Round(v2, Load64(p + 8));
-      v3 = Round(v3, Load64(p + 16));
-      v4 = Round(v4, Load64(p + 24));
-    }
-    h = Rotl(v1, 1) + Rotl(v2, 7) + Rotl(v3, 12) + Rotl(v4, 18);
-    h = Merge(h, v1);
-    h = Merge(h, v2);
-    h = Merge(h, v3);
-    h = Merge(h, v4);
-  } else {
-    h = kP5;
+  if (n < 32) return xxh64::Finish<DeviceLoads>(xxh64::kP5, n, p, end);
+  uint64_t v1 = xxh64::kLane1, v2 = xxh64::kLane2, v3 = xxh64::kLane3, v4 = xxh64::kLane4;
+  for (; end - p >= 32; p += 32) {
+    v1 = Round(v1, DeviceLoads::Load64(p));
+    v2 = Round(v2, DeviceLoads::Load64(p + 8));
+    v3 = Round(v3, DeviceLoads::Load64(p + 16));
+    v4 = Round(v4, DeviceLoads::Load64(p + 24));
   }
-  h += n;
-  for (; end - p >= 8; p += 8) h = Rotl(h ^ Round(0, Load64(p)), 27) * kP1 + kP4;
-  if (end - p >= 4) {
-    h = Rotl(h ^ (uint64_t(Load32(p)) * kP1), 23) * kP2 + kP3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = Rotl(h ^ (*p * kP5), 11) * kP1;
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
+  return xxh64::Finish<DeviceLoads>(xxh64::Converge(v1, v2, v3, v4), n, p, end);
 }
 
 // A thread per leaf of one level (its row by binary search over the rows'
@@ -117,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) LeafKernel(const DeviceChecksums::Ro
       next[k] = b != nullptr ? __ldcs(reinterpret_cast<const uint4*>(b + step * kStep) + seg) : make_uint4(0, 0, 0, 0);
     }
   };
-  uint64_t v1 = kP1 + kP2, v2 = kP2, v3 = 0, v4 = 0 - kP1;
+  uint64_t v1 = xxh64::kLane1, v2 = xxh64::kLane2, v3 = xxh64::kLane3, v4 = xxh64::kLane4;
   load(0);
   for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
@@ -142,17 +115,7 @@ __global__ void __launch_bounds__(kThreads) LeafKernel(const DeviceChecksums::Ro
     *out = Xxh64Leaf(src, n);
     return;
   }
-  uint64_t h = Rotl(v1, 1) + Rotl(v2, 7) + Rotl(v3, 12) + Rotl(v4, 18);
-  h = Merge(h, v1);
-  h = Merge(h, v2);
-  h = Merge(h, v3);
-  h = Merge(h, v4);
-  h += kLeaf;  // no tail: 4096 is whole stripes
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
+  const uint64_t h = xxh64::Finish<DeviceLoads>(xxh64::Converge(v1, v2, v3, v4), kLeaf, src + kLeaf, src + kLeaf);
   *out = h;
 }
 
