@@ -86,7 +86,16 @@ void CheckProviders(const DoctorOptions& o, std::vector<Finding>* out) {
     const bool asked = o.provider == name;
     if (engine.ok()) {
       any = true;
-      out->push_back({"libfabric " + name, Verdict::kOk, (*engine)->Describe(), ""});
+      // A host-memory engine: its line ends "CUDA memory no" even where the
+      // provider takes GPU memory, which the check of GPU memory below opens
+      // an engine with FI_HMEM for; that part is left to it.
+      std::string d = (*engine)->Describe();
+      const size_t cuda = d.find(", CUDA memory ");
+      if (cuda != std::string::npos) {
+        const size_t caveat = d.find("; caveat: ", cuda);
+        d.erase(cuda, caveat == std::string::npos ? std::string::npos : caveat - cuda);
+      }
+      out->push_back({"libfabric " + name, Verdict::kOk, d, ""});
     } else {
       out->push_back({"libfabric " + name, asked ? Verdict::kFail : Verdict::kInfo, engine.status().message(),
                       asked ? "the provider you asked for must work: install or load it (`fi_info -l`)" : ""});
@@ -124,10 +133,17 @@ struct CudaDriver {
   }
 };
 
+// sysfs's numa_node: -1 where the platform gives no affinity (one node, or
+// a VM that hides it), which is no node to pin to.
+std::string NumaText(const std::string& node) {
+  if (node == "-1") return "none reported (-1: one node, or a VM)";
+  return node.empty() ? "?" : node;
+}
+
 std::string NumaOfPci(const DoctorOptions& o, std::string bus_id) {
   for (char& c : bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string node = ReadLine(std::filesystem::path(o.sysfs) / "bus/pci/devices" / bus_id / "numa_node");
-  return node.empty() ? "?" : node;
+  return NumaText(node);
 }
 
 int CheckGpus(const DoctorOptions& o, std::vector<Finding>* out) {
@@ -200,7 +216,7 @@ void CheckNics(const DoctorOptions& o, std::vector<Finding>* out) {
     const std::string rate = ReadLine(entry.path() / "ports/1/rate");
     const std::string numa = ReadLine(entry.path() / "device/numa_node");
     d << (n++ ? "; " : "") << dev << " (" << (driver.empty() ? "?" : driver) << ", " << (state.empty() ? "?" : state)
-      << (rate.empty() ? "" : ", " + rate) << ", NUMA node " << (numa.empty() ? "?" : numa) << ")";
+      << (rate.empty() ? "" : ", " + rate) << ", NUMA node " << NumaText(numa) << ")";
   }
   if (n == 0) {
     const bool asked = o.provider == "efa" || o.provider == "verbs;ofi_rxm";

@@ -364,34 +364,32 @@ Status InferenceAgent::Verify(uint64_t v, const std::vector<WriteChecksum>& expe
   std::map<std::string, const WeightMemory::Region*> regions;
   const bool in_shadow = landed && options_.shadow != nullptr;
   for (const WeightMemory::Region& r : in_shadow ? options_.shadow->regions() : memory_->regions()) regions[r.id] = &r;
-  constexpr uint64_t kPiece = 16ull << 20;
-  std::vector<uint8_t> piece;
+  // Every write's range first (its checksum from the trainers found), then
+  // all hashed in one call (on a GPU, one batch of kernels), then compared
+  // in the plan's order: the first tensor that differs is named.
+  std::vector<WeightMemory::Range> ranges;
+  std::vector<const WriteChecksum*> wanted;
+  auto what_of = [](const IncomingWrite& w) {
+    return "tensor '" + w.tensor + "' (region '" + w.region + "' bytes [" + std::to_string(w.offset) + ", " +
+           std::to_string(w.offset + w.bytes) + "))";
+  };
   for (const IncomingWrite& w : writes) {
-    const std::string what = "tensor '" + w.tensor + "' (region '" + w.region + "' bytes [" + std::to_string(w.offset) +
-                             ", " + std::to_string(w.offset + w.bytes) + "))";
     auto it = by_place.find({w.region, w.offset});
-    if (it == by_place.end()) return FailedPrecondition(me + ": no checksum from the trainers for " + what);
+    if (it == by_place.end()) return FailedPrecondition(me + ": no checksum from the trainers for " + what_of(w));
     const WriteChecksum& want = *it->second;
     by_place.erase(it);
     if (want.bytes != w.bytes)
-      return FailedPrecondition(me + ": " + what + ": the trainers hashed " + std::to_string(want.bytes) + " bytes");
-    const WeightMemory::Region& region = *regions.at(w.region);  // SetPlan checked every write's region
-    Checksum64Stream h;
-    for (uint64_t done = 0; done < w.bytes;) {
-      const uint64_t n = std::min(kPiece, w.bytes - done);
-      if (region.kind == transport::MemoryKind::kHost) {
-        h.Update(region.data + w.offset + done, n);
-      } else {
-        piece.resize(static_cast<size_t>(n));
-        WSYNC_RETURN_IF_ERROR(memory_->Read(region, w.offset + done, n, piece.data()).WithContext(me + ": " + what));
-        h.Update(piece.data(), n);
-      }
-      done += n;
-    }
-    const uint64_t got = h.Final();
-    if (got != want.hash)
-      return DataLoss(me + ": " + what + " differs from what the trainers sent: checksum " + ChecksumText(got) +
-                      " here, " + ChecksumText(want.hash) + " sent");
+      return FailedPrecondition(me + ": " + what_of(w) + ": the trainers hashed " + std::to_string(want.bytes) +
+                                " bytes");
+    ranges.push_back({regions.at(w.region), w.offset, w.bytes});  // SetPlan checked every write's region
+    wanted.push_back(&want);
+  }
+  std::vector<uint64_t> got(ranges.size(), 0);
+  WSYNC_RETURN_IF_ERROR(memory_->Checksums(ranges, got.data()).WithContext(me + ": checksums"));
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (got[i] != wanted[i]->hash)
+      return DataLoss(me + ": " + what_of(writes[i]) + " differs from what the trainers sent: checksum " +
+                      ChecksumText(got[i]) + " here, " + ChecksumText(wanted[i]->hash) + " sent");
   }
   if (!by_place.empty()) {
     const WriteChecksum& c = *by_place.begin()->second;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <utility>
 
+#include "common/checksum.h"
+
 namespace wsync::inference {
 
 Status WeightMemory::Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const {
@@ -16,6 +18,30 @@ Status WeightMemory::Read(const Region& r, uint64_t offset, uint64_t bytes, uint
   if (r.kind != transport::MemoryKind::kHost)
     return Unimplemented(name() + ": region '" + r.id + "' is device memory, which this owner cannot read back");
   std::memcpy(out, r.data + offset, bytes);
+  return Status::Ok();
+}
+
+Status WeightMemory::Checksums(const std::vector<Range>& ranges, uint64_t* out) const {
+  constexpr uint64_t kPiece = 16ull << 20;
+  std::vector<uint8_t> piece;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Range& g = ranges[i];
+    const Region& r = *g.region;
+    if (g.offset > r.size || g.bytes > r.size - g.offset) return Read(r, g.offset, g.bytes, nullptr);  // its error
+    if (r.kind == transport::MemoryKind::kHost) {
+      out[i] = Checksum64(r.data + g.offset, g.bytes);
+      continue;
+    }
+    Checksum64Stream h;
+    for (uint64_t done = 0; done < g.bytes;) {
+      const uint64_t n = std::min(kPiece, g.bytes - done);
+      piece.resize(static_cast<size_t>(n));
+      WSYNC_RETURN_IF_ERROR(Read(r, g.offset + done, n, piece.data()));
+      h.Update(piece.data(), n);
+      done += n;
+    }
+    out[i] = h.Final();
+  }
   return Status::Ok();
 }
 

@@ -57,6 +57,17 @@ class WeightMemory {
   // for checksums. Host regions are read in place; an owner of device
   // memory overrides this (Unimplemented otherwise).
   virtual Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const;
+  // Checksum64 (common/checksum.h) of each range, for Verify: out[i] is
+  // ranges[i]'s. By default host regions are hashed in place and device
+  // regions read back with Read a piece at a time; an owner of device
+  // memory may hash them where they are (the torch binding does, by
+  // common/checksum_cuda.h's kernels).
+  struct Range {
+    const Region* region = nullptr;  // one of regions(), or of the shadow's
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  virtual Status Checksums(const std::vector<Range>& ranges, uint64_t* out) const;
 };
 
 // Shadow mode: memory of the same regions (ids, sizes) where the writes

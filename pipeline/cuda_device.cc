@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum_cuda.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/box_pack_cuda.h"
 #include "pipeline/fp8_cuda.h"
@@ -163,6 +164,8 @@ class CudaDevice : public DeviceOps {
       return e;
     });
     if (!s.ok()) return s;
+    Status c = checksums_.Collect(stream_);  // the stream has finished: fills the hashes queued
+    if (!c.ok()) return c.WithContext(name());
     bool any = false;
     for (int i = 0; i < used; ++i) {
       (*nonfinite)[static_cast<size_t>(i)] = flags_host_[i] != 0;
@@ -170,6 +173,14 @@ class CudaDevice : public DeviceOps {
     }
     if (any) return Check("synchronize", [&] { return cudaMemsetAsync(flags_, 0, used * sizeof(int), stream_); });
     return Status::Ok();
+  }
+
+  // By common/checksum_cuda.h's kernels on the stream, read at the next
+  // Synchronize.
+  Status Checksums(const ChecksumPiece* pieces, size_t count, uint64_t* hashes) override {
+    WSYNC_RETURN_IF_ERROR(Check("checksums", [] { return cudaSuccess; }));  // this device current
+    Status s = checksums_.Enqueue(pieces, count, hashes, stream_);
+    return s.ok() ? s : s.WithContext(name());
   }
 
   Status ReadBack(void* host, const void* src, uint64_t bytes) override {
@@ -222,6 +233,7 @@ class CudaDevice : public DeviceOps {
   int* flags_host_ = nullptr;  // pinned: where Synchronize reads them back
   int slots_ = 0;
   std::optional<std::string> kernel_check_;  // Fp8KernelDisagreement, once
+  DeviceChecksums checksums_;                 // its buffers: this device's memory
 };
 
 }  // namespace

@@ -136,7 +136,10 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
         return;
       }
     }
-    if (imm.has_value() && options.checksums) {
+    if (imm.has_value() && options.checksums && sw.hashes != nullptr) {
+      report->checksums.push_back(WriteChecksum{w.dst_rank, w.region, w.region_offset, w.bytes, 0});
+      hash_fills.emplace_back(report->checksums.size() - 1, sw.hashes + *posted);
+    } else if (imm.has_value() && options.checksums) {
       const auto tc = Clock::now();
       t.quantize_pack += std::chrono::duration<double>(tc - *t0).count();
       StatusOr<uint64_t> h = ChecksumArena(sw.chunk + ww.staging_at, w.bytes);
@@ -278,6 +281,8 @@ void PlanExecutor::Impl::Begin(VersionReport* report) {
   report->sources = work.size();
   report->watermark_bytes = options.watermark_bytes;
   run_start = Clock::now();
+  hash_fills.clear();
+  hash_batches.clear();
   {
     std::lock_guard<std::mutex> lock(mu);
     write_error = Status::Ok();
@@ -290,6 +295,19 @@ Status PlanExecutor::Impl::Finish(VersionReport* report) {
   const auto t0 = Clock::now();
   Status writes = WaitWrites(Clock::now() + options.write_timeout);
   report->seconds.wait_writes += Since(t0);
+  if (!hash_fills.empty()) {  // the device's hashes, queued while the writes were in flight
+    const auto tc = Clock::now();
+    std::vector<bool> nonfinite;  // none: every quantize was settled before its writes were posted
+    Status s = options.device->Synchronize(&nonfinite);
+    if (s.ok()) {
+      for (const auto& [i, h] : hash_fills) report->checksums[i].hash = *h;
+    } else if (writes.ok()) {
+      writes = s.WithContext("trainer rank " + std::to_string(plan->rank) + ": reading the checksums");
+    }
+    report->seconds.checksum += Since(tc);
+  }
+  hash_fills.clear();
+  hash_batches.clear();
   report->seconds.total = Since(run_start);
   if (arena) report->peak_temp_bytes = arena->peak();
   return writes;
@@ -312,14 +330,43 @@ void PlanExecutor::Impl::FlushPending(bool post) {
   if (post) {
     for (SourceWork* sw : pending) ReadsDoneAfter(*sw);
   }
+  if (post && options.checksums && arena->mirror() == nullptr && !write_failed.load(std::memory_order_acquire)) {
+    HashPendingOnDevice(run_report);
+    t0 = Clock::now();
+  }
   for (SourceWork* sw : pending) {
     size_t posted = 0;
     if (post && !write_failed.load(std::memory_order_acquire)) {
       PostWrites(*sw, static_cast<uint32_t>(run_version), nullptr, &posted, run_report, &t0);
     }
     GiveBack(*sw, posted);
+    sw->hashes = nullptr;
   }
   pending.clear();
+}
+
+// Every pending write's hash, queued on the device after the wait that made
+// their bytes final (a write's bytes stay put until it completes, and its
+// chunk is reused only by work issued after these hashes); read in Finish.
+void PlanExecutor::Impl::HashPendingOnDevice(VersionReport* report) {
+  const auto t0 = Clock::now();
+  std::vector<ChecksumPiece> pieces;
+  for (const SourceWork* sw : pending) {
+    for (const WriteWork& ww : sw->writes) pieces.push_back({arena->data() + sw->chunk + ww.staging_at, ww.write->bytes});
+  }
+  std::vector<uint64_t>& batch = hash_batches.emplace_back(pieces.size(), 0);
+  Status s = options.device->Checksums(pieces.data(), pieces.size(), batch.data());
+  if (!s.ok()) {
+    RecordError(s.WithContext("trainer rank " + std::to_string(plan->rank) + ": checksums on " +
+                              options.device->name()));
+  } else {
+    const uint64_t* at = batch.data();
+    for (SourceWork* sw : pending) {
+      sw->hashes = at;
+      at += sw->writes.size();
+    }
+  }
+  report->seconds.checksum += Since(t0);
 }
 
 // Host staging: every write's bytes, device-to-host into the arena's mirror

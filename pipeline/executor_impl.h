@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -112,6 +113,9 @@ struct SourceWork {
   // Impl::mu.
   uint64_t chunk = 0;
   uint32_t pins = 0;
+  // On a device with checksums: where its writes' hashes will be, one per
+  // write (Impl::hash_batches); null: hashed as each is posted.
+  const uint64_t* hashes = nullptr;
 };
 
 }  // namespace executor_detail
@@ -161,6 +165,14 @@ struct PlanExecutor::Impl {
   static constexpr size_t kMaxPending = 32;
   std::vector<SourceWork*> pending;
   std::vector<SourceWork*> quantized;
+  // Checksums on a device (DeviceOps::Checksums): queued for every write of
+  // the pending sources once they are settled, read after the version's
+  // writes (Finish). A batch per flush, in a list so that the slots
+  // SourceWork::hashes and hash_fills point at stay put; hash_fills: which
+  // entry of the report's checksums each slot fills.
+  std::list<std::vector<uint64_t>> hash_batches;
+  std::vector<std::pair<size_t, const uint64_t*>> hash_fills;
+  void HashPendingOnDevice(VersionReport* report);
 
   std::string Where(const SourceWork& sw) const {
     return "trainer rank " + std::to_string(plan->rank) + ": mesh group '" + plan->groups[sw.mesh_group].name +

@@ -125,9 +125,16 @@ __device__ __forceinline__ void StoreCodes(const uint4 (&v)[kPasses], const Divi
 
 // One thread block per 128x128 tile; blockIdx.z is the matrix (expert).
 // Vector path: cols % 8 == 0 (16-byte rows), any rows; tiles may be partial.
+// kWaitPrior: launched as a programmatic dependent of the stream's previous
+// kernel, whose end it waits for here, before its first load: its CTAs are
+// then on the SMs as the previous grid drains, instead of after it.
+template <bool kWaitPrior>
 __global__ void __launch_bounds__(kThreads) QuantizeVec(const uint16_t* __restrict__ x, int64_t rows, int64_t cols,
                                                         uint8_t* __restrict__ q, float* __restrict__ scale_inv,
                                                         int* nonfinite) {
+#if __CUDA_ARCH__ >= 900
+  if (kWaitPrior) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   __shared__ uint32_t warp_max[kThreads / 32];
   const int64_t m = blockIdx.z;
   const int64_t r0 = int64_t(blockIdx.y) * kBlock;
@@ -182,17 +189,32 @@ __global__ void __launch_bounds__(kThreads) QuantizeScalar(const uint16_t* __res
 }  // namespace
 
 cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
-                                  float* scale_inv, cudaStream_t stream, int* nonfinite) {
+                                  float* scale_inv, cudaStream_t stream, int* nonfinite, Fp8Launch launch) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
                   static_cast<unsigned>((rows + kBlock - 1) / kBlock), static_cast<unsigned>(batch));
   const bool aligned = cols % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(q) % 8 == 0;
-  if (aligned) {
-    QuantizeVec<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv, nonfinite);
-  } else {
+  if (!aligned) {
     QuantizeScalar<<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv, nonfinite);
+    return cudaGetLastError();
   }
+  if (launch == Fp8Launch::kAuto) launch = Fp8Launch::kOverlapped;
+  if (launch == Fp8Launch::kPlain) {
+    QuantizeVec<false><<<grid, kThreads, 0, stream>>>(x, rows, cols, q, scale_inv, nonfinite);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, QuantizeVec<true>, x, rows, cols, q, scale_inv, nonfinite);
+  if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 

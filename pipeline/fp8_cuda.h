@@ -20,8 +20,19 @@ namespace wsync {
 // [ceil(rows/128), ceil(cols/128)] fp32. Device pointers; runs on `stream`.
 // `nonfinite` (device memory, may be null) gets 1 or'ed in where a block
 // holds a NaN or an infinity: its codes are meaningless and must not be sent.
+// `launch`: kOverlapped (kAuto), a programmatic dependent launch: the CTAs
+// start while the stream's previous kernel drains and wait for its end
+// before their first load, so back-to-back calls lose no launch gap and
+// ramp-up; kPlain, an ordinary launch, for comparison. What moved the
+// figure against a device-to-device copy (H100, fp8_bench, 2026-12-07) was
+// that fixed cost per call, which weighs most on short calls (kPlain: 0.966
+// at 256 MiB, 0.949 at 112 MiB; kOverlapped: 0.975, 0.967), not the work
+// run before it nor the clocks, nor registers (4 CTAs an SM instead of 3)
+// or a persistent grid (slower).
+enum class Fp8Launch { kAuto, kPlain, kOverlapped };
 cudaError_t QuantizeFp8BlocksCuda(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols, uint8_t* q,
-                                  float* scale_inv, cudaStream_t stream, int* nonfinite = nullptr);
+                                  float* scale_inv, cudaStream_t stream, int* nonfinite = nullptr,
+                                  Fp8Launch launch = Fp8Launch::kAuto);
 
 // Runs the kernel on the current device (on `stream`) over two stacked
 // [200, 264] matrices (partial blocks) of values that test the rounding

@@ -8,6 +8,12 @@
 
 #include <ATen/ATen.h>
 
+#ifdef WSYNC_FP8_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common/checksum_cuda.h"
+#endif
 #include "inference_agent/agent_runner.h"
 #include "python/src/torch_device.h"
 #include "routing/spec_io.h"
@@ -45,6 +51,67 @@ Status InProcessWeights::Read(const Region& r, uint64_t offset, uint64_t bytes, 
     return Internal(name() + ": reading region '" + r.id + "' back from cuda:" + std::to_string(r.device) + ": " + m);
   }
   return Status::Ok();
+}
+
+#ifdef WSYNC_FP8_CUDA
+struct InProcessWeights::Hasher {
+  Hasher(int d, c10::cuda::CUDAStream s) : device(d), stream(s) {}
+  int device;
+  c10::cuda::CUDAStream stream;
+  DeviceChecksums sums;
+};
+#else
+struct InProcessWeights::Hasher {};
+#endif
+
+Status InProcessWeights::Checksums(const std::vector<Range>& ranges, uint64_t* out) const {
+#ifdef WSYNC_FP8_CUDA
+  // The CUDA ranges (of one GPU, as an engine's tensors are) in one batch
+  // on a stream of their own; host ranges as the base class does.
+  std::vector<size_t> on_device;
+  std::vector<Range> on_host;
+  std::vector<size_t> host_at;
+  int device = -1;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Region& r = *ranges[i].region;
+    if (r.kind == transport::MemoryKind::kHost) {
+      on_host.push_back(ranges[i]);
+      host_at.push_back(i);
+      continue;
+    }
+    if (ranges[i].offset > r.size || ranges[i].bytes > r.size - ranges[i].offset || (device >= 0 && r.device != device))
+      return WeightMemory::Checksums(ranges, out);  // its error, or several GPUs: read back
+    device = r.device;
+    on_device.push_back(i);
+  }
+  if (!on_device.empty()) {
+    std::vector<ChecksumPiece> pieces;
+    for (size_t i : on_device) pieces.push_back({ranges[i].region->data + ranges[i].offset, ranges[i].bytes});
+    std::vector<uint64_t> got(pieces.size());
+    try {
+      std::lock_guard<std::mutex> lock(hash_mu_);
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      if (hasher_ == nullptr || hasher_->device != device) {
+        hasher_ = std::make_shared<Hasher>(device,
+                                           c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)));
+      }
+      Status s = hasher_->sums.Compute(pieces.data(), pieces.size(), got.data(), hasher_->stream.stream());
+      if (!s.ok()) return s.WithContext(name() + ": cuda:" + std::to_string(device));
+    } catch (const std::exception& e) {
+      std::string m = e.what();
+      m.resize(std::min(m.size(), m.find('\n')));
+      return Internal(name() + ": checksums on cuda:" + std::to_string(device) + ": " + m);
+    }
+    for (size_t k = 0; k < on_device.size(); ++k) out[on_device[k]] = got[k];
+  }
+  if (on_host.empty()) return Status::Ok();
+  std::vector<uint64_t> host(on_host.size());
+  WSYNC_RETURN_IF_ERROR(WeightMemory::Checksums(on_host, host.data()));
+  for (size_t k = 0; k < host_at.size(); ++k) out[host_at[k]] = host[k];
+  return Status::Ok();
+#else
+  return WeightMemory::Checksums(ranges, out);
+#endif
 }
 
 void InProcessWeights::MarkFailed(uint64_t v) {

@@ -72,6 +72,10 @@ class InProcessWeights : public inference::WeightMemory {
   void MarkNotApplied(uint64_t v) override { MarkFailed(v); }
   // CUDA tensors are read back through ATen on their device.
   Status Read(const Region& r, uint64_t offset, uint64_t bytes, uint8_t* out) const override;
+  // CUDA tensors are hashed where they are, by common/checksum_cuda.h's
+  // kernels (where the extension is built with the CUDA toolkit; else read
+  // back as Read does).
+  Status Checksums(const std::vector<Range>& ranges, uint64_t* out) const override;
   // Until complete_version() or failed_version() reaches v, Stop(), or
   // timeout.
   void WaitFor(uint64_t v, std::chrono::milliseconds timeout);
@@ -85,6 +89,9 @@ class InProcessWeights : public inference::WeightMemory {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopped_ = false;  // guarded by mu_
+  struct Hasher;  // the kernels' buffers and stream, made on first use
+  mutable std::mutex hash_mu_;
+  mutable std::shared_ptr<Hasher> hasher_;  // guarded by hash_mu_
 };
 
 class InferenceSession {

@@ -19,6 +19,7 @@
 #ifdef WSYNC_FP8_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "common/checksum_cuda.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/fp8_cuda.h"
 #endif
@@ -257,16 +258,32 @@ class TorchCudaDevice : public DeviceOps {
           any = any || flagged;
         }
         if (any) nonfinite_.zero_();
+        CollectChecksums(stream);
         return nullptr;
       }
 #endif
       (void)used;
       stream_.synchronize();
+#ifdef WSYNC_FP8_CUDA
+      CollectChecksums(c10::cuda::CUDAStream(stream_).stream());
+#endif
       return nullptr;
     }).status();
     issued_.clear();
     return r;
   }
+
+#ifdef WSYNC_FP8_CUDA
+  // By common/checksum_cuda.h's kernels on the executor's stream, read at
+  // the next Synchronize.
+  Status Checksums(const ChecksumPiece* pieces, size_t count, uint64_t* hashes) override {
+    return Run("checksums", [&]() -> void* {
+      Status s = checksums_.Enqueue(pieces, count, hashes, c10::cuda::CUDAStream(stream_).stream());
+      if (!s.ok()) throw std::runtime_error(s.message());
+      return nullptr;
+    }).status();
+  }
+#endif
 
   // Host staging: pinned memory of exactly the arena's size, copied into on
   // the stream.
@@ -353,6 +370,13 @@ class TorchCudaDevice : public DeviceOps {
   int slots_ = 0;
   std::vector<int> issued_;  // per OK QuantizeHeld since the last Synchronize: its slot, -1 for ATen's
   std::optional<bool> kernel_agrees_;  // the fp8 kernel's check, once
+#ifdef WSYNC_FP8_CUDA
+  void CollectChecksums(cudaStream_t stream) {
+    Status s = checksums_.Collect(stream);
+    if (!s.ok()) throw std::runtime_error(s.message());
+  }
+  DeviceChecksums checksums_;
+#endif
 };
 
 }  // namespace

@@ -125,7 +125,18 @@ class DeferredHostDevice : public DeviceOps {
     copied_to_host += bytes;
     return Defer([=] { std::memcpy(host, src, bytes); });
   }
+  // As a GPU's (common/checksum_cuda.h): hashed where the bytes are and
+  // late, at the next Synchronize, so an executor that read the hashes
+  // before waiting would report zeros, and one that hashed before the
+  // stages ran, stale bytes.
+  Status Checksums(const ChecksumPiece* pieces, size_t count, uint64_t* hashes) override {
+    ++checksum_batches;
+    return Defer([pieces = std::vector<ChecksumPiece>(pieces, pieces + count), hashes] {
+      for (size_t i = 0; i < pieces.size(); ++i) hashes[i] = Checksum64(pieces[i].data, pieces[i].bytes);
+    });
+  }
   int synchronizes = 0;
+  int checksum_batches = 0;
   int host_allocations = 0;
   uint64_t copied_to_host = 0;
   uint64_t copied_from_host = 0;
@@ -549,6 +560,9 @@ TEST_P(ExecutorTest, ChecksumsAreOfTheBytesThatLand) {
       }
     }
     EXPECT_GT(checked, 0u);
+    if (on_device) {
+      for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->checksum_batches, 0) << "rank " << r;
+    }
     for (auto& rank : ranks_) rank->executor.reset();
   }
 }

@@ -334,12 +334,39 @@ def engine(args):
             if args.checksums and not bad:  # on request too, against the engine's tensors
                 t0 = time.perf_counter()
                 agent.verify(v)
-                line += f"; verify() on request: OK in {time.perf_counter() - t0:.3f} s"
+                line += f"; verify() on request: OK in {time.perf_counter() - t0:.4f} s"
+                if v == args.versions:  # one byte flipped in GPU memory must be named by its tensor
+                    line += "; " + flipped_byte_named(agent, tensors, v)
             print(line, flush=True)
             with open(os.path.join(args.work, f"engine-{args.rank}-v{v}.{'done' if not bad else 'bad'}"), "w") as f:
                 f.write(line + "\n")
             if bad:
                 sys.exit(1)
+
+
+def flipped_byte_named(agent, tensors, v):
+    """Flips one byte in the middle of the largest tensor (GPU memory),
+    checks that verify() fails naming that tensor, and flips it back."""
+    import torch
+    import wsync
+    name = max(tensors, key=lambda n: tensors[n].numel() * tensors[n].element_size())
+    raw = tensors[name].view(-1).view(torch.uint8)
+    at = raw.numel() // 2 + 12345
+    raw[at] ^= 0x20
+    torch.cuda.synchronize()
+    try:
+        agent.verify(v)
+        said = None
+    except wsync.ChecksumError as e:
+        said = str(e)
+    finally:
+        raw[at] ^= 0x20
+        torch.cuda.synchronize()
+    if said is None or f"'{name}'" not in said:
+        raise SystemExit(f"verify() after a flipped byte in '{name}' (byte {at}): "
+                         f"{'no error' if said is None else 'does not name it: ' + said}")
+    agent.verify(v)  # flipped back: equal again
+    return f"a flipped byte in '{name}' (byte {at}) named: {said[:160]}"
 
 
 class SidecarEngine:
@@ -447,6 +474,9 @@ def job(args):
     for name in ("trainer", "engine0", "engine1"):
         with open(os.path.join(args.work, f"{name}.log")) as f:
             lines = f.read().splitlines()
+        for line in lines:  # the agents' own verification before each version completes
+            if "checksums verified in" in line:
+                print(f"{name}: {line.strip()}", flush=True)
         print(f"--- {name}.log (last lines)\n" + "\n".join(lines[-25:]), flush=True)
     print(f"job: {'PASS' if rc == 0 else 'FAIL'}", flush=True)
     return rc

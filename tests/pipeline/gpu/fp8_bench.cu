@@ -2,16 +2,18 @@
 // bandwidth beside this GPU's device-to-device copy, measured in the same
 // run (issue 8: at least 95%).
 //
-//   fp8_bench [rows=16384] [cols=8192] [iters=50]
+//   fp8_bench [rows cols [iters=30]]   (no shape: three shapes)
 //
-// Correct: QuantizeFp8BlocksCuda (pipeline/fp8_cuda.cu) on random bf16 of
-// several shapes (partial blocks, stacked experts, columns not a multiple
-// of 8 for the scalar path, zero blocks, large and tiny magnitudes) equals
-// QuantizeFp8Blocks (pipeline/fp8.cc, the CPU reference) byte for byte, q
-// and scale_inv. Fast: bytes the kernel must move (bf16 read + fp8 and
-// scales written) per second, beside cudaMemcpyAsync device-to-device of the
-// bf16 tensor (read + write), both timed with CUDA events over 20 calls
-// queued back to back, median of `iters`, over a tensor several times the L2.
+// Correct: QuantizeFp8BlocksCuda (pipeline/fp8_cuda.cu), both launches, on
+// random bf16 of several shapes (partial blocks, stacked experts, columns
+// not a multiple of 8 for the scalar path, zero blocks, large and tiny
+// magnitudes) equals QuantizeFp8Blocks (pipeline/fp8.cc, the CPU reference)
+// byte for byte, q and scale_inv. Fast: bytes the kernel must move (bf16
+// read + fp8 and scales written) per second, beside cudaMemcpyAsync
+// device-to-device of the bf16 tensor (read + write), each timed with CUDA
+// events over 20 calls queued back to back, median of `iters` rounds in
+// which copy and both launches alternate (Speed says what else it prints),
+// over tensors several times the L2.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +63,8 @@ std::vector<uint16_t> EdgeBf16(uint32_t seed) {
 }
 
 // One shape through the GPU and the CPU reference; returns mismatches.
-size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero_first_block, bool edges = false) {
+size_t Check(wsync::Fp8Launch launch, int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero_first_block,
+             bool edges = false) {
   const size_t per = static_cast<size_t>(rows * cols);
   std::vector<uint16_t> x = edges ? EdgeBf16(seed) : RandomBf16(per * batch, seed);
   if (zero_first_block) {
@@ -80,7 +83,7 @@ size_t Check(int64_t batch, int64_t rows, int64_t cols, uint32_t seed, bool zero
   int* flag;
   CUDA_OK(cudaMallocManaged(&flag, sizeof(int)));
   *flag = 0;
-  CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, batch, rows, cols, dq, ds, nullptr, flag));
+  CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, batch, rows, cols, dq, ds, nullptr, flag, launch));
   CUDA_OK(cudaDeviceSynchronize());
   size_t bad = *flag != 0;
   if (bad) std::printf("  finite input flagged as non-finite\n");
@@ -190,57 +193,51 @@ unsigned long long CheckDivisionShortcut() {
 // the copy and the kernel need not share alike).
 constexpr int kBackToBack = 20;
 
-// Milliseconds per call of `fn`, the median of `iters` batches, each timed
-// after `fn` alone has kept the GPU busy for 300 ms: what the GPU runs
-// before shifts its clocks (power) for a while after. Timed straight after
-// a copy, the kernel ran at 0.951 of the copy; timed after other quantize
-// kernels, the same kernel ran at 1.006 of it, in one process (H200,
-// 16384x8192). So each figure is taken in its own steady state.
-template <typename Fn>
-float MedianMs(int iters, Fn&& fn) {
+struct Timer {
   cudaEvent_t start, stop;
-  CUDA_OK(cudaEventCreate(&start));
-  CUDA_OK(cudaEventCreate(&stop));
-  auto time = [&] {
+  Timer() {
+    CUDA_OK(cudaEventCreate(&start));
+    CUDA_OK(cudaEventCreate(&stop));
+  }
+  template <typename Fn>
+  float Ms(Fn&& fn, int calls) {
     CUDA_OK(cudaEventRecord(start));
-    for (int k = 0; k < kBackToBack; ++k) fn();
+    for (int k = 0; k < calls; ++k) fn();
     CUDA_OK(cudaEventRecord(stop));
     CUDA_OK(cudaEventSynchronize(stop));
     float t = 0;
     CUDA_OK(cudaEventElapsedTime(&t, start, stop));
-    return t / kBackToBack;
-  };
-  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-  while (std::chrono::steady_clock::now() < warm_until) time();
-  std::vector<float> ms;
-  for (int i = 0; i < iters; ++i) ms.push_back(time());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+    return t / calls;
+  }
+};
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
-}  // namespace
+// The old way, kept for comparison: the median of `iters` batches of one
+// function, each timed after `fn` alone has kept the GPU busy for 300 ms.
+template <typename Fn>
+float SteadyMs(int iters, Fn&& fn) {
+  Timer t;
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < warm_until) t.Ms(fn, kBackToBack);
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) ms.push_back(t.Ms(fn, kBackToBack));
+  return Median(ms);
+}
 
-int main(int argc, char** argv) {
-  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 16384;
-  const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 8192;
-  const int iters = argc > 3 ? std::atoi(argv[3]) : 50;
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-
-  size_t bad = 0;
-  bad += Check(1, 1000, 1032, 1, true);    // partial blocks both ways, a zero block
-  bad += Check(3, 300, 264, 2, false);     // stacked experts, partial blocks
-  bad += Check(2, 257, 130, 3, true);      // cols % 8 != 0: the scalar path
-  bad += Check(1, 2048, 7168, 4, false);   // a real projection shape
-  bad += Check(1, 256, 256, 5, false, true);  // signed zeros, subnormals, huge values
-  bad += CheckDivisionShortcut();
-  bad += CheckNonFinite();
-  if (bad != 0) {
-    std::printf("FAIL: GPU quantize differs from the CPU reference\n");
-    return 1;
-  }
-
+// One shape: bytes per second of the copy and of each launch of the kernel,
+// three ways, so what moves the ratio shows in one run:
+//   interleaved: rounds of one batch of each (copy, both launches), the
+//     order rotating every round, after 300 ms of all three: each kernel's
+//     median beside the copy's, and the spread of the per-round ratios;
+//   steady: each in its own steady state (the way of the earlier figures);
+//   one call after other work: a single call timed right after a batch of
+//     copies, and right after a batch of itself (the state the GPU is left
+//     in by what ran before: clocks, L2 holding the other's dirty lines).
+void Speed(int64_t rows, int64_t cols, int iters) {
   const size_t n = static_cast<size_t>(rows * cols);
   const size_t grid = static_cast<size_t>(Fp8BlockCount(rows) * Fp8BlockCount(cols));
   std::vector<uint16_t> x = RandomBf16(n, 7);
@@ -252,20 +249,106 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&dq, n));
   CUDA_OK(cudaMalloc(&ds, grid * 4));
   CUDA_OK(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice));
-  // The copy first, then the kernel, then the copy again: the kernel's figure
-  // is set beside the lower of the two copies (the stricter ratio).
+  using wsync::Fp8Launch;
   auto copy = [&] { CUDA_OK(cudaMemcpyAsync(dcopy, dx, n * 2, cudaMemcpyDeviceToDevice)); };
-  const float c_first = MedianMs(iters, copy);
-  const float q_ms = MedianMs(iters, [&] { CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, 1, rows, cols, dq, ds, nullptr)); });
-  const float c_ms = std::min(c_first, MedianMs(iters, copy));
+  auto plain = [&] { CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, 1, rows, cols, dq, ds, nullptr, nullptr, Fp8Launch::kPlain)); };
+  auto overlapped = [&] { CUDA_OK(wsync::QuantizeFp8BlocksCuda(dx, 1, rows, cols, dq, ds, nullptr, nullptr, Fp8Launch::kOverlapped)); };
   const double q_bytes = static_cast<double>(n) * 3 + grid * 4.0;  // bf16 in, fp8 + scales out
   const double c_bytes = static_cast<double>(n) * 4;               // bf16 in + bf16 out
-  const double q_gbs = q_bytes / (q_ms * 1e6), c_gbs = c_bytes / (c_ms * 1e6);
-  std::printf("quantize [%lld, %lld] bf16 -> fp8 e4m3 128x128: %.3f ms, %.0f GB/s (bf16 read + fp8/scales written)\n",
-              static_cast<long long>(rows), static_cast<long long>(cols), q_ms, q_gbs);
-  std::printf("device-to-device copy of the same %.0f MiB: %.3f ms, %.0f GB/s (read + write)\n", n * 2 / 1048576.0, c_ms,
-              c_gbs);
-  std::printf("RATIO quantize / copy bandwidth: %.3f (target >= 0.95)\n", q_gbs / c_gbs);
-  std::printf("PASS: bit-identical to the CPU reference on every checked shape\n");
+  auto gbs = [](double bytes, float ms) { return bytes / (ms * 1e6); };
+  std::printf("\nquantize [%lld, %lld] bf16 -> fp8 e4m3 128x128 (%.0f MiB in), GB/s moved (bf16 read + fp8/scales "
+              "written; the copy: read + write); ratio = quantize GB/s / copy GB/s\n",
+              static_cast<long long>(rows), static_cast<long long>(cols), n * 2 / 1048576.0);
+
+  Timer t;
+  std::vector<float> c_ms, b_ms, l_ms, b_ratio, l_ratio;
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < warm_until) {
+    t.Ms(copy, kBackToBack);
+    t.Ms(plain, kBackToBack);
+    t.Ms(overlapped, kBackToBack);
+  }
+  for (int i = 0; i < iters; ++i) {
+    float c = 0, b = 0, l = 0;
+    for (int k = 0; k < 3; ++k) {
+      switch ((i + k) % 3) {
+        case 0: c = t.Ms(copy, kBackToBack); break;
+        case 1: b = t.Ms(plain, kBackToBack); break;
+        default: l = t.Ms(overlapped, kBackToBack); break;
+      }
+    }
+    c_ms.push_back(c), b_ms.push_back(b), l_ms.push_back(l);
+    b_ratio.push_back(gbs(q_bytes, b) / gbs(c_bytes, c));
+    l_ratio.push_back(gbs(q_bytes, l) / gbs(c_bytes, c));
+  }
+  const float c = Median(c_ms);
+  auto spread = [](std::vector<float> r) {
+    std::sort(r.begin(), r.end());
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f-%.3f", r.front(), r.back());
+    return std::string(buf);
+  };
+  std::printf("  interleaved, %d rounds: copy %.3f ms %.0f GB/s; plain %.3f ms %.0f GB/s; overlapped %.3f ms %.0f GB/s\n",
+              iters, c, gbs(c_bytes, c), Median(b_ms), gbs(q_bytes, Median(b_ms)), Median(l_ms),
+              gbs(q_bytes, Median(l_ms)));
+  std::printf("  RATIO interleaved: plain %.3f (rounds %s), overlapped %.3f (rounds %s)\n",
+              gbs(q_bytes, Median(b_ms)) / gbs(c_bytes, c), spread(b_ratio).c_str(),
+              gbs(q_bytes, Median(l_ms)) / gbs(c_bytes, c), spread(l_ratio).c_str());
+
+  const float sc1 = SteadyMs(iters, copy), sb = SteadyMs(iters, plain), sl = SteadyMs(iters, overlapped),
+              sc2 = SteadyMs(iters, copy);
+  const float sc = std::min(sc1, sc2);
+  std::printf("  steady (each after 300 ms of itself; copy %.3f then %.3f ms): RATIO plain %.3f, overlapped %.3f\n",
+              sc1, sc2, gbs(q_bytes, sb) / gbs(c_bytes, sc), gbs(q_bytes, sl) / gbs(c_bytes, sc));
+
+  std::vector<float> b_after_copy, b_after_self, l_after_copy, l_after_self, c_after_copy, c_after_q;
+  for (int i = 0; i < iters; ++i) {
+    t.Ms(copy, kBackToBack), b_after_copy.push_back(t.Ms(plain, 1));
+    t.Ms(plain, kBackToBack), b_after_self.push_back(t.Ms(plain, 1));
+    t.Ms(copy, kBackToBack), l_after_copy.push_back(t.Ms(overlapped, 1));
+    t.Ms(overlapped, kBackToBack), l_after_self.push_back(t.Ms(overlapped, 1));
+    t.Ms(copy, kBackToBack), c_after_copy.push_back(t.Ms(copy, 1));
+    t.Ms(plain, kBackToBack), c_after_q.push_back(t.Ms(copy, 1));
+  }
+  std::printf("  one call (ms) after 20 copies / after 20 of itself: plain %.3f / %.3f, overlapped %.3f / %.3f; "
+              "the copy after 20 copies / after 20 quantizes: %.3f / %.3f\n",
+              Median(b_after_copy), Median(b_after_self), Median(l_after_copy), Median(l_after_self),
+              Median(c_after_copy), Median(c_after_q));
+  CUDA_OK(cudaFree(dx));
+  CUDA_OK(cudaFree(dcopy));
+  CUDA_OK(cudaFree(dq));
+  CUDA_OK(cudaFree(ds));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 0;
+  const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 0;
+  const int iters = argc > 3 ? std::atoi(argv[3]) : 30;
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+  size_t bad = 0;
+  for (wsync::Fp8Launch launch : {wsync::Fp8Launch::kAuto, wsync::Fp8Launch::kPlain, wsync::Fp8Launch::kOverlapped}) {
+    bad += Check(launch, 1, 1000, 1032, 1, true);    // partial blocks both ways, a zero block
+    bad += Check(launch, 3, 300, 264, 2, false);     // stacked experts, partial blocks
+    bad += Check(launch, 2, 257, 130, 3, true);      // cols % 8 != 0: the scalar path
+    bad += Check(launch, 1, 2048, 7168, 4, false);   // a real projection shape
+    bad += Check(launch, 1, 256, 256, 5, false, true);  // signed zeros, subnormals, huge values
+  }
+  bad += CheckDivisionShortcut();
+  bad += CheckNonFinite();
+  if (bad != 0) {
+    std::printf("FAIL: GPU quantize differs from the CPU reference\n");
+    return 1;
+  }
+  std::printf("PASS: bit-identical to the CPU reference on every checked shape, both launches\n");
+  if (rows > 0 && cols > 0) {
+    Speed(rows, cols, iters);
+  } else {  // a square-ish projection, Llama-3-8B's MLP and attention output shapes
+    for (auto [r, c] : {std::pair<int64_t, int64_t>{16384, 8192}, {28672, 4096}, {4096, 14336}}) Speed(r, c, iters);
+  }
   return 0;
 }
