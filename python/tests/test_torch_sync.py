@@ -304,7 +304,11 @@ def test_delta_versions_of_real_adamw_steps_land_bit_for_bit(job, layout):
     versions = 5
     _, model = torch_models.small_qwen3_moe()
     config = torch_models.config_dict(model)
-    j = job(mapping="hf_qwen3_moe.json", model_config=config) if layout == "fp8" else job()
+    # Nothing here kills a rank: a generous heartbeat keeps a loaded machine
+    # (a version's first landing took 10 s next to a sanitizer build) from
+    # declaring live ranks lost.
+    kw = dict(mapping="hf_qwen3_moe.json", model_config=config) if layout == "fp8" else {}
+    j = job(heartbeat=60, **kw)
     run_clean(j, ["--model", "qwen3_moe", "--no-tokens", "--steps", str(versions), "--lr", "1e-5", "--delta"],
               ["--model", "qwen3_moe", "--layout", layout, "--versions", str(versions), "--delta"])
     rows = []
