@@ -825,6 +825,22 @@ StatusOr<json> Controller::StartVersion(uint64_t v, int32_t rank, uint64_t epoch
         return FailedPrecondition("version " + std::to_string(v) + " is older than version " + std::to_string(u) +
                                   ", which is running; trainer rank " + std::to_string(rank) +
                                   " must start a higher version number");
+      if (u < v && rec.state == VersionState::kFailed && now < rec.deadline) {
+        // A failed delta version: a rank that took it may still be applying
+        // its deltas into the weights (InferenceAgent::ApplyDeltas), and the
+        // next version's writes must not land under that. It waits until
+        // each such rank reported on it, failed, or the deadline passed.
+        for (int32_t r : rec.delta_ranks) {
+          const bool failed = std::any_of(rec.failures.begin(), rec.failures.end(), [&](const RankFailure& f) {
+            return f.role == "inference" && f.rank == r;
+          });
+          if (rec.inference_done.count(r) == 0 && !failed)
+            return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
+                               " failed, and inference rank " + std::to_string(r) +
+                               " may still be applying its deltas; trainer rank " + std::to_string(rank) +
+                               " starts version " + std::to_string(v) + " once it has reported");
+        }
+      }
       if (u >= v || rec.finished()) continue;
       return Unavailable(std::string(kOlderRunningPrefix) + ": version " + std::to_string(u) +
                          " has not finished" +

@@ -89,6 +89,16 @@ TSAN_SKIP_LABELS='^(routing|models|cli|demo|delta|scale)$'
 TSAN_TARGETS=(wsync transport_peer common_test transport_test pipeline_test controller_test
   inference_agent_test trainer_agent_test integration_test)
 TSAN_NOT_BUILT='^(routing|models|cli|demo|delta|controller_scale)_test_NOT_BUILT$'
+# ...and the delta scenarios (SyncScenarios.Delta*). An inference agent
+# applies a version's deltas into its weights on its reporter thread; the
+# next version's one-sided writes land in the same bytes on libfabric's
+# progress thread. What orders the two is another process: the agent
+# reports the version, the controller completes it (or, for a failed delta
+# version, waits for that report: Controller::StartVersion) and only then do
+# the trainers post the next one. TSan sees no ordering inside the process
+# and reports the pair (seen at stop 40). ASan+UBSan and the normal suites
+# run them.
+TSAN_EXCLUDE='^SyncScenarios\.Delta'
 
 # LeakSanitizer stops the process's threads with ptrace; some containers
 # forbid that and LSan then dies at exit instead of reporting. Probe once.
@@ -156,7 +166,7 @@ run_tests() {
   else
     export TSAN_OPTIONS="$common:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0"
     unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-    ctest_args=(--output-on-failure -j "$TEST_JOBS" --timeout 900 -E "$EXCLUDE|$TSAN_NOT_BUILT"
+    ctest_args=(--output-on-failure -j "$TEST_JOBS" --timeout 900 -E "$EXCLUDE|$TSAN_NOT_BUILT|$TSAN_EXCLUDE"
       -LE "$TSAN_SKIP_LABELS")
     say "tsan: TSAN_OPTIONS=$TSAN_OPTIONS"
     say "tsan: suites with threads only; skipping labels $TSAN_SKIP_LABELS (ASan runs them)"
