@@ -196,7 +196,7 @@ struct PlanExecutor::Impl {
   // the write's copy advances to the new bytes.
   bool EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length);
   StatusOr<transport::RemoteMemory> ImportRegion(int32_t dst_rank, const std::string& region,
-                                                 const std::string& where, bool required,
+                                                 const std::string& where,
                                                  std::map<std::pair<int32_t, std::string>, size_t>* regions,
                                                  size_t* index);
   Status ResolveSource(size_t g, const RankSource& src, std::map<std::pair<int32_t, std::string>, size_t>* regions);

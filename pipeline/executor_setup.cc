@@ -131,7 +131,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
                              std::to_string(w.bytes));
     }
     size_t region_index = 0;
-    StatusOr<transport::RemoteMemory> imported = ImportRegion(w.dst_rank, w.region, wwhere, true, regions, &region_index);
+    StatusOr<transport::RemoteMemory> imported = ImportRegion(w.dst_rank, w.region, wwhere, regions, &region_index);
     if (!imported.ok()) return imported.status();
     const transport::RemoteMemory& remote = remotes[region_index];
     if (w.region_offset + w.bytes > remote.length) {
@@ -182,7 +182,7 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
 // order (they land there back to back), and what this rank sends must lie
 // inside its own shard.
 StatusOr<transport::RemoteMemory> PlanExecutor::Impl::ImportRegion(
-    int32_t dst_rank, const std::string& region, const std::string& where, bool required,
+    int32_t dst_rank, const std::string& region, const std::string& where,
     std::map<std::pair<int32_t, std::string>, size_t>* regions, size_t* index) {
   auto key = std::make_pair(dst_rank, region);
   auto it = regions->find(key);
@@ -194,7 +194,6 @@ StatusOr<transport::RemoteMemory> PlanExecutor::Impl::ImportRegion(
     if (peer == nullptr) return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " is not in the plan's peers");
     auto d = peer->region_descriptors.find(region);
     if (d == peer->region_descriptors.end() || d->second.empty()) {
-      if (!required) return NotFound("");
       return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " has no transport descriptor for region '" +
                       region + "' (has its inference agent registered memory?)");
     }
@@ -217,13 +216,15 @@ Status PlanExecutor::Impl::ResolveInbox(const RankWrite& w, const std::string& w
   const delta::Slot slot = delta::SlotOf(w.region_offset, w.bytes);
   // A slot too small for the headers and a few changes is not worth a copy.
   if (slot.bytes < delta::kSlotHeaderBytes + delta::HeadBytes(w.bytes / elem) + 64) return Status::Ok();
+  // A receiver without an inbox for this region takes the write whole.
+  const std::string inbox_id = delta::InboxRegionId(w.region);
+  const bool has_inbox = std::any_of(plan->peers.begin(), plan->peers.end(), [&](const InferencePeer& p) {
+    return p.rank == w.dst_rank && p.region_descriptors.count(inbox_id) != 0;
+  });
+  if (!has_inbox) return Status::Ok();
   size_t index = 0;
-  StatusOr<transport::RemoteMemory> inbox =
-      ImportRegion(w.dst_rank, delta::InboxRegionId(w.region), where, false, regions, &index);
-  if (!inbox.ok()) {
-    if (inbox.status().code() == StatusCode::kNotFound && inbox.status().message().empty()) return Status::Ok();
-    return inbox.status().WithContext("its delta inbox");
-  }
+  StatusOr<transport::RemoteMemory> inbox = ImportRegion(w.dst_rank, inbox_id, where, regions, &index);
+  if (!inbox.ok()) return inbox.status().WithContext("its delta inbox");
   if (slot.at + slot.bytes > inbox->length) {
     return OutOfRange(where + ": its delta slot ends at byte " + std::to_string(slot.at + slot.bytes) + " of a " +
                       std::to_string(inbox->length) + "-byte inbox (the receiver's inbox is not the size " +
