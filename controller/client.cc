@@ -348,9 +348,11 @@ StatusOr<VersionStatus> ControllerClient::ReportTrainerDone(uint64_t version, in
 }
 
 StatusOr<VersionStatus> ControllerClient::ReportInferenceDone(uint64_t version, int32_t rank,
-                                                              const Status& result, bool commit) {
+                                                              const Status& result, bool commit,
+                                                              const nlohmann::json& stats) {
   json body = {{"rank", rank}, {"ok", result.ok()}, {"error", result.message()}};
   if (commit) body["commit"] = true;
+  if (stats.is_object()) body["stats"] = stats;
   return VersionCall(version, "inference_done", body);
 }
 

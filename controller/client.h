@@ -138,8 +138,9 @@ class ControllerClient {
                                             const nlohmann::json& stats = nullptr);
   // `result` OK: every expected immediate of `version` landed on this rank.
   // `commit`: in shadow mode; ReportCommitted once it is copied out.
+  // `stats`: what the rank did at commit (deltas applied, their time).
   StatusOr<VersionStatus> ReportInferenceDone(uint64_t version, int32_t rank, const Status& result,
-                                              bool commit = false);
+                                              bool commit = false, const nlohmann::json& stats = nullptr);
   StatusOr<VersionStatus> ReportCommitted(uint64_t version, int32_t rank);
   StatusOr<VersionStatus> ReportFailure(uint64_t version, Role role, int32_t rank, const std::string& error);
   StatusOr<VersionStatus> GetVersion(uint64_t version);

@@ -883,7 +883,7 @@ StatusOr<json> Controller::ReportDone(uint64_t v, Role role, int32_t rank, bool 
   const bool was_landed = before && before->landed;
   WSYNC_ASSIGN_OR_RETURN(const VersionRecord* r,
                          role == Role::kTrainer ? versions_.TrainerDone(v, rank, ok, error, now, stats)
-                                                : versions_.InferenceDone(v, rank, ok, error, now, commit));
+                                                : versions_.InferenceDone(v, rank, ok, error, now, commit, stats));
   // Landed and waiting for shadow ranks: a restarted controller must know.
   if (!was_landed && r->landed && !r->finished()) SaveVersionsLocked();
   VersionFinishedLocked(was_finished, *r);

@@ -111,7 +111,8 @@ class Controller {
   // version older than v runs, v's first start is refused with Unavailable
   // (kOlderRunningPrefix): one version in flight.
   StatusOr<nlohmann::json> StartVersion(uint64_t v, int32_t rank, uint64_t epoch = 0);
-  // `stats` (trainer only): the executor's report, shown in the version object.
+  // `stats`: a trainer's executor report, or what an inference rank did at
+  // commit (the deltas it applied), shown in the version object.
   // `commit` (inference only): the rank is in shadow mode. Once every rank
   // is done, v has `landed` and each such rank copies it into its engine's
   // weights (ReportCommitted); v is complete when the last one has, and

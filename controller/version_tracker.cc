@@ -78,6 +78,11 @@ nlohmann::json VersionRecord::ToJson(std::chrono::steady_clock::time_point now) 
     for (const auto& [rank, s] : trainer_stats) stats[std::to_string(rank)] = s;
     j["trainer_stats"] = std::move(stats);
   }
+  if (!inference_stats.empty()) {
+    nlohmann::json stats = nlohmann::json::object();
+    for (const auto& [rank, s] : inference_stats) stats[std::to_string(rank)] = s;
+    j["inference_stats"] = std::move(stats);
+  }
   if (finished()) {
     j["finished_unix"] = finished_unix;
     j["seconds"] = seconds;
@@ -270,10 +275,12 @@ void VersionTracker::MaybeComplete(VersionRecord* r, Clock::time_point now) {
 
 StatusOr<const VersionRecord*> VersionTracker::InferenceDone(uint64_t v, int32_t rank, bool ok,
                                                              const std::string& error,
-                                                             Clock::time_point now, bool commit) {
+                                                             Clock::time_point now, bool commit,
+                                                             const nlohmann::json& stats) {
   WSYNC_ASSIGN_OR_RETURN(VersionRecord * r, GetOrStart(v, now, false));
   if (!ok) return Fail(v, "inference", rank, error.empty() ? "reported not ok" : error, now);
   r->inference_done.insert(rank);
+  if (stats.is_object()) r->inference_stats[rank] = stats;
   if (commit && r->state == VersionState::kStarted) r->committing.insert(rank);
   MaybeComplete(r, now);
   return static_cast<const VersionRecord*>(r);

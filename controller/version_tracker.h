@@ -45,6 +45,9 @@ struct VersionRecord {
   // What each trainer rank reported with trainer_done (stage times, bytes,
   // peak temporary memory), passed through as sent.
   std::map<int32_t, nlohmann::json> trainer_stats;
+  // What each inference rank reported with inference_done (the deltas it
+  // applied and how long that took), passed through as sent.
+  std::map<int32_t, nlohmann::json> inference_stats;
   // The checksums trainers sent with trainer_done (`stats.checksums`), kept
   // apart from trainer_stats and merged per inference rank: {"<region>":
   // [[offset, bytes, "<hash>"], ...]}. `checksum_trainers`: who sent any.
@@ -110,7 +113,8 @@ class VersionTracker {
                                              const nlohmann::json& stats = nullptr);
   // `commit`: the rank is in shadow mode (VersionRecord::committing).
   StatusOr<const VersionRecord*> InferenceDone(uint64_t v, int32_t rank, bool ok,
-                                               const std::string& error, Clock::time_point now, bool commit = false);
+                                               const std::string& error, Clock::time_point now, bool commit = false,
+                                               const nlohmann::json& stats = nullptr);
   // A shadow rank copied landed version v into its engine's weights;
   // FailedPrecondition unless v has landed and is still running.
   StatusOr<const VersionRecord*> Committed(uint64_t v, int32_t rank, Clock::time_point now);

@@ -151,6 +151,7 @@ StatusOr<DeltaApplied> InferenceAgent::ApplyDeltas(uint64_t v) {
   const auto t0 = Clock::now();
   const std::string me = "inference rank " + std::to_string(rank_.rank) + ": version " + std::to_string(v);
   DeltaApplied done;
+  done.inboxes = !inboxes_.empty();
   std::vector<IncomingWrite> writes;
   uint64_t base;
   {
@@ -162,6 +163,7 @@ StatusOr<DeltaApplied> InferenceAgent::ApplyDeltas(uint64_t v) {
   for (const WeightMemory::Region& r : options_.shadow ? options_.shadow->regions() : memory_->regions())
     landing[r.id] = &r;
   for (const IncomingWrite& w : writes) {
+    done.write_bytes += w.bytes;
     auto inbox = inboxes_.find(w.region);
     if (inbox == inboxes_.end()) continue;
     const delta::Slot slot = delta::SlotOf(w.offset, w.bytes);

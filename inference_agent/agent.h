@@ -72,10 +72,14 @@ struct InferenceAgentOptions {
 
 // What ApplyDeltas did for one version.
 struct DeltaApplied {
+  bool inboxes = false;      // the rank takes deltas at all
   uint64_t writes = 0;       // writes that came as deltas
   uint64_t delta_bytes = 0;  // their slots' bytes (headers included)
   uint64_t bytes = 0;        // the weight bytes they stand for
+  uint64_t write_bytes = 0;  // the weight bytes of every write of the version
   double seconds = 0;
+  // Bytes that came over the wire: deltas, and whole writes in place.
+  uint64_t wire_bytes() const { return write_bytes - bytes + delta_bytes; }
 };
 
 class InferenceAgent {

@@ -152,10 +152,19 @@ class Runner {
     return Status::Ok();
   }
 
-  // A held version's deltas, applied where its writes landed.
-  Status ApplyDeltas(uint64_t v) {
+  // A held version's deltas, applied where its writes landed; what was done
+  // goes into `stats` for the version's record.
+  Status ApplyDeltas(uint64_t v, nlohmann::json* stats) {
     StatusOr<DeltaApplied> applied = agent_.ApplyDeltas(v);
     if (!applied.ok()) return applied.status();
+    if (applied->inboxes) {
+      *stats = {{"delta_writes", applied->writes},
+                {"delta_bytes", applied->delta_bytes},
+                {"delta_covered_bytes", applied->bytes},
+                {"write_bytes", applied->write_bytes},
+                {"wire_bytes", applied->wire_bytes()},
+                {"apply_seconds", applied->seconds}};
+    }
     if (applied->writes > 0) {
       char line[256];
       std::snprintf(line, sizeof line, "version %llu: %llu deltas applied in %.3f s (%.1f KiB for %.1f KiB of weights)",
@@ -172,7 +181,8 @@ class Runner {
       Send(out.version, out.status, false);
       return;
     }
-    Status s = ApplyDeltas(out.version);
+    nlohmann::json stats;
+    Status s = ApplyDeltas(out.version, &stats);
     if (s.ok()) s = Check(out);
     if (s.ok() && !agent_.shadowed()) s = agent_.Commit(out.version);
     if (!s.ok()) {
@@ -181,16 +191,16 @@ class Runner {
       return;
     }
     if (!agent_.shadowed()) {
-      Send(out.version, s, false);
+      Send(out.version, s, false, stats);
       return;
     }
     if (shadow_paced()) {
       // Complete at the controller once in every shadow; the engine's
       // update() copies it out when it is ready for it.
-      if (Send(out.version, Status::Ok(), false)) options_.pacer->OnLanded(out.version);
+      if (Send(out.version, Status::Ok(), false, stats)) options_.pacer->OnLanded(out.version);
       return;
     }
-    Send(out.version, Status::Ok(), /*commit=*/true);
+    Send(out.version, Status::Ok(), /*commit=*/true, stats);
     CommitOnceLanded(out);
   }
 
@@ -235,8 +245,9 @@ class Runner {
   }
 
   // True when the controller took the report.
-  bool Send(uint64_t v, const Status& result, bool commit) {
-    StatusOr<controller::VersionStatus> reply = client_.ReportInferenceDone(v, agent_.rank().rank, result, commit);
+  bool Send(uint64_t v, const Status& result, bool commit, const nlohmann::json& stats = nullptr) {
+    StatusOr<controller::VersionStatus> reply =
+        client_.ReportInferenceDone(v, agent_.rank().rank, result, commit, stats);
     if (!reply.ok()) {
       Log("reporting version " + std::to_string(v) + " failed: " + reply.status().message());
       return false;

@@ -472,6 +472,7 @@ TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
     std::vector<int32_t> delta_ranks;
     uint64_t base = 0, wire = 0, whole = 0, delta_writes = 0;
     std::map<int32_t, uint64_t> deltas_by_trainer;
+    uint64_t received = 0, applied = 0;  // by the inference ranks' account
   };
   auto run = [&](uint64_t v) -> Sent {
     Sent out;
@@ -490,6 +491,16 @@ TEST(SyncScenarios, DeltaVersionsLandBitForBitAndGoWholeWhereTheBaseIsUnknown) {
       out.delta_writes += t.value("delta_writes", uint64_t{0});
       out.deltas_by_trainer[std::stoi(rank)] = t.value("delta_writes", uint64_t{0});
     }
+    // Each receiver reports what it applied at commit, and in how long.
+    const nlohmann::json got = st->raw.value("inference_stats", nlohmann::json::object());
+    EXPECT_EQ(got.size(), 2u) << st->raw.dump();
+    for (const auto& [rank, r] : got.items()) {
+      out.received += r.value("wire_bytes", uint64_t{0});
+      out.applied += r.value("delta_writes", uint64_t{0});
+      EXPECT_GE(r.value("apply_seconds", -1.0), 0.0) << "inference rank " << rank << ": " << r.dump();
+    }
+    EXPECT_EQ(out.received, out.wire) << "the receivers' bytes off the wire are the trainers' bytes on it";
+    EXPECT_EQ(out.applied, out.delta_writes) << "every delta sent was applied";
     std::printf("version %llu: delta ranks %zu (base %llu), %llu delta writes, %.2f of %.2f MiB on the wire (%.1f%%)\n",
                 static_cast<unsigned long long>(v), out.delta_ranks.size(), static_cast<unsigned long long>(out.base),
                 static_cast<unsigned long long>(out.delta_writes), out.wire / 1048576.0, out.whole / 1048576.0,
@@ -601,6 +612,27 @@ TEST(SyncScenarios, DeltaVersionsInShadowModeLandBitForBit) {
     const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_TRUE(std::regex_search(log, std::regex("version 3: [1-9][0-9]* deltas applied in ")))
         << "rank " << rank << " applied no delta:\n" << log;
+  }
+  if (HasFailure()) return;
+
+  // A shadow rollback: version 4 fails, rank 0's engine keeps version 3
+  // while its shadow may hold part of 4. Nobody can vouch for those bytes,
+  // so version 5 goes whole to both ranks; version 6 is a delta again.
+  s->KillInferenceAgent(1, SIGKILL);
+  StatusOr<UpdateReport> r4 = s->Update(4);
+  ASSERT_TRUE(r4.ok()) << r4.status().ToString();
+  EXPECT_EQ(r4->state, "failed");
+  EXPECT_EQ(EngineVersion(*s, 0), 3u);
+  ASSERT_TRUE(s->StartInferenceAgent(1, /*attach=*/true).ok());
+  ASSERT_TRUE(s->inference_agent(1).WaitForLine("ready", std::chrono::seconds(60)).ok());
+  for (uint64_t v = 5; v <= 6; ++v) {
+    ExpectCompleteAndVerified(*s, v);
+    if (HasFailure()) return;
+    StatusOr<controller::VersionStatus> st = s->client().GetVersion(v);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const std::vector<int32_t> want = v == 5 ? std::vector<int32_t>() : std::vector<int32_t>({0, 1});
+    EXPECT_EQ(st->delta_ranks, want) << st->raw.dump();
+    for (int32_t rank = 0; rank < 2; ++rank) EXPECT_EQ(EngineVersion(*s, rank), v);
   }
 }
 
