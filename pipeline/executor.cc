@@ -527,10 +527,17 @@ Status PlanExecutor::Impl::RunSource(SourceWork& sw) {
   // 4. quantize
   t0 = Clock::now();
   if (sw.quantize) {
+    Status s;
+    if (sw.bf16_at) {  // fp32 master weights: rounded to bf16 first
+      s = Pack(quantize_from, src.held, DType::kFP32, src.held, DType::kBF16, base + *sw.bf16_at);
+      quantize_from = base + *sw.bf16_at;
+    }
     const auto* bf16 = reinterpret_cast<const uint16_t*>(quantize_from);
     auto* scales = reinterpret_cast<float*>(base + sw.scale_at);
-    Status s = device != nullptr ? device->QuantizeHeld(bf16, src.held, base + sw.q_at, scales)
-                                 : QuantizeHeld(bf16, src.held, base + sw.q_at, scales);
+    if (s.ok()) {
+      s = device != nullptr ? device->QuantizeHeld(bf16, src.held, base + sw.q_at, scales)
+                            : QuantizeHeld(bf16, src.held, base + sw.q_at, scales);
+    }
     if (!s.ok()) {
       RecordError(s.WithContext(Where(sw) + ": fp8 quantize"));
       return give_up("fp8 quantize");

@@ -105,6 +105,9 @@ struct SourceWork {
   std::optional<uint64_t> fallback;  // this version's copy of the shard, if made
   uint64_t q_at = 0;
   uint64_t scale_at = 0;
+  // An fp32 source (fp32 master weights) quantized to fp8: first rounded to
+  // bf16 here, as the engine would see its bf16 checkpoint.
+  std::optional<uint64_t> bf16_at;
   uint64_t transient_bytes = 0;
   uint64_t need = 0;  // the chunk
   std::vector<WriteWork> writes;

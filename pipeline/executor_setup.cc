@@ -90,8 +90,8 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
   }
   Box grid;
   if (sw.quantize) {
-    if (src.dtype != DType::kBF16 || n < 2) {
-      return InvalidArgument(where + ": fp8 destinations need a bf16 source of at least 2 dims (got " +
+    if ((src.dtype != DType::kBF16 && src.dtype != DType::kFP32) || n < 2) {
+      return InvalidArgument(where + ": fp8 destinations need a bf16 or fp32 source of at least 2 dims (got " +
                              std::string(DTypeName(src.dtype)) + ", " + std::to_string(n) + "-d)");
     }
     if (src.block_rows != 128 || src.block_cols != 128) {
@@ -103,6 +103,10 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
                              BoxText(src.held));
     }
     grid = HeldScaleGrid(src.held);
+    if (src.dtype == DType::kFP32) {
+      sw.bf16_at = sw.transient_bytes;
+      sw.transient_bytes += AlignTemp(Elements(src.held) * DTypeSize(DType::kBF16));
+    }
     sw.q_at = sw.transient_bytes;
     sw.transient_bytes += AlignTemp(Elements(src.held));
     sw.scale_at = sw.transient_bytes;

@@ -98,8 +98,9 @@ def _engine_defs(state, config, tp):
     arch = (config.get("architectures") or [""])[0]
     model_type = config.get("model_type", "")
     moe = arch == "Qwen3MoeForCausalLM" or model_type == "qwen3_moe"
-    if not moe and not (arch == "LlamaForCausalLM" or model_type == "llama"):
-        raise ValueError(f"engine_layout knows llama and qwen3_moe, not {arch or model_type!r}")
+    dense = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") or model_type in ("llama", "qwen3")
+    if not moe and not dense:
+        raise ValueError(f"engine_layout knows llama, qwen3 and qwen3_moe, not {arch or model_type!r}")
     kv = int(config["num_key_value_heads"])
     layers = int(config["num_hidden_layers"])
     defs = [_Def("model.embed_tokens.weight", [(state["model.embed_tokens.weight"], None)], "tp", 0)]

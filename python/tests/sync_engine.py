@@ -10,7 +10,9 @@ whole transformers model, its greedy tokens.
 own random init, so nothing matches until the first version lands), one
 replica per process. --layout fp8: one TP-2 instance in the fused
 block-fp8 layout of a vLLM-style engine (python/tests/engine_layout.py),
-its tensors poisoned (0xFF bytes) so that an unwritten byte shows.
+its tensors poisoned (0xFF bytes) so that an unwritten byte shows;
+--layout bf16: the same fused layout in bf16. TP instance --instance I
+is inference ranks 2I and 2I + 1.
 """
 
 import argparse
@@ -34,8 +36,9 @@ def main():
     ap.add_argument("--controller", required=True)
     ap.add_argument("--job", default="torch-sync")
     ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--model", choices=["llama", "qwen3_moe"], default="llama")
-    ap.add_argument("--layout", choices=["identity", "fp8"], default="identity")
+    ap.add_argument("--model", choices=["llama", "qwen3", "qwen3_moe"], default="llama")
+    ap.add_argument("--layout", choices=["identity", "fp8", "bf16"], default="identity")
+    ap.add_argument("--instance", type=int, default=0, help="fp8/bf16 layouts: the TP-2 instance (ranks 2I, 2I+1)")
     ap.add_argument("--ep", type=int, default=1, help="fp8 layout: experts split by range (2) or TP (1)")
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--out", required=True)
@@ -59,20 +62,23 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
 
-    builder = torch_models.small_llama if args.model == "llama" else torch_models.small_qwen3_moe
+    builder = {"llama": torch_models.small_llama, "qwen3": torch_models.small_qwen3,
+               "qwen3_moe": torch_models.small_qwen3_moe}[args.model]
     config, model = builder(seed=99)
     layout, instance = None, args.rank
     if args.layout == "identity":
         tensors = dict(model.state_dict())
     else:
-        instance = 0
+        instance, tp_rank = args.instance, args.rank - 2 * args.instance
+        assert tp_rank in (0, 1), f"inference rank {args.rank} is not in TP-2 instance {instance}"
         per_rank, entries = engine_layout.engine_layout(dict(model.state_dict()), torch_models.config_dict(model),
-                                                        tp=2, ep=args.ep)
+                                                        tp=2, ep=args.ep,
+                                                        dtype="bf16" if args.layout == "bf16" else "fp8_e4m3")
         tensors = {}
-        for name, t in per_rank[args.rank].items():
+        for name, t in per_rank[tp_rank].items():
             poisoned = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8).fill_(0xFF)
             tensors[name] = poisoned.view(t.dtype).view(t.shape)
-        layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[args.rank]}
+        layout = {e["name"]: {k: e[k] for k in ("tp", "experts") if k in e} for e in entries[tp_rank]}
     if args.drop:
         tensors.pop(args.drop)
         if layout:

@@ -28,12 +28,13 @@ import torch_models  # noqa: E402
 import wsync  # noqa: E402
 
 
-def build(model_name, world, strided=False):
-    if model_name == "llama":
-        config, model = torch_models.small_llama()
+def build(model_name, world, strided=False, dtype=torch.bfloat16):
+    if model_name in ("llama", "qwen3"):
+        builder = torch_models.small_llama if model_name == "llama" else torch_models.small_qwen3
+        config, model = builder(dtype=dtype)
         fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     else:
-        config, model = torch_models.small_qwen3_moe()
+        config, model = torch_models.small_qwen3_moe(dtype=dtype)
         fsdp_setup.shard_moe_with_ep(model, ep=2, expert_fsdp_dim=0 if strided else 1)
     return model
 
@@ -83,7 +84,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--controller", required=True)
     ap.add_argument("--job", default="torch-sync")
-    ap.add_argument("--model", choices=["llama", "qwen3_moe"], default="llama")
+    ap.add_argument("--model", choices=["llama", "qwen3", "qwen3_moe"], default="llama")
+    ap.add_argument("--fp32", action="store_true",
+                    help="fp32 master weights (the params and AdamW in fp32; the engines hold bf16 or fp8)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--out", required=True)
@@ -111,7 +114,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(args.model, world, args.strided)
+    model = build(args.model, world, args.strided, torch.float32 if args.fp32 else torch.bfloat16)
     optimizer = fsdp_setup.make_optimizer(model, lr=args.lr)
 
     if args.route == "inprocess":

@@ -37,7 +37,7 @@ _COMMON = dict(
 )
 
 
-def _build(model_class, config, seed):
+def _build(model_class, config, seed, dtype=torch.bfloat16):
     config.architectures = [model_class.__name__]  # as save_pretrained writes it
     torch.manual_seed(seed)
     model = model_class(config)  # fp32 init from the seeded global generator
@@ -46,25 +46,25 @@ def _build(model_class, config, seed):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-    model = model.to(torch.bfloat16)
+    model = model.to(dtype)  # torch.float32: fp32 master weights, as trainers keep them
     model.eval()
     return config, model
 
 
-def small_llama(seed=SEED):
+def small_llama(seed=SEED, dtype=torch.bfloat16):
     """(LlamaConfig, LlamaForCausalLM) in bf16, 2 layers, untied embeddings."""
     config = LlamaConfig(intermediate_size=512, **_COMMON)
-    return _build(LlamaForCausalLM, config, seed)
+    return _build(LlamaForCausalLM, config, seed, dtype)
 
 
-def small_qwen3(seed=SEED):
+def small_qwen3(seed=SEED, dtype=torch.bfloat16):
     """(Qwen3Config, Qwen3ForCausalLM) in bf16, 2 layers, dense: Llama's
     shapes plus q_norm / k_norm (per-head RMSNorm weights [head_dim])."""
     config = Qwen3Config(intermediate_size=512, **_COMMON)
-    return _build(Qwen3ForCausalLM, config, seed)
+    return _build(Qwen3ForCausalLM, config, seed, dtype)
 
 
-def small_qwen3_moe(seed=SEED):
+def small_qwen3_moe(seed=SEED, dtype=torch.bfloat16):
     """(Qwen3MoeConfig, Qwen3MoeForCausalLM) in bf16: 4 experts, top-2, every layer MoE.
 
     transformers 5 stores each layer's experts stacked:
@@ -83,7 +83,7 @@ def small_qwen3_moe(seed=SEED):
         experts_implementation="eager",
         **_COMMON,
     )
-    return _build(Qwen3MoeForCausalLM, config, seed)
+    return _build(Qwen3MoeForCausalLM, config, seed, dtype)
 
 
 def config_dict(model):
