@@ -147,6 +147,8 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
   std::vector<double> wsync_seconds, delta_seconds;
   double delta_wire = 0, delta_whole = 0;  // bytes the delta updates put on the wire, and their weights'
   double find_bytes = 0, find_seconds = 0;  // per rank and delta update: written bytes, and the find stage
+  double pack_seconds = 0;                   // and the copy, quantize and pack stages
+  double apply_bytes = 0, apply_seconds = 0;  // per inference rank and delta update: its writes' bytes, the apply
   uint64_t wire_bytes = 0;
   demo::LinkLimit limit, plan_bytes;
   PlanSummary predicted, predicted_delta;
@@ -189,6 +191,14 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
           if (t.contains("stages")) {
             find_bytes += t.value("write_bytes", 0.0);
             find_seconds += t["stages"].value("delta", 0.0);
+            pack_seconds += t["stages"].value("copy", 0.0) + t["stages"].value("quantize_pack", 0.0);
+          }
+        }
+        if (st.ok()) {
+          const nlohmann::json applied = st->raw.value("inference_stats", nlohmann::json::object());
+          for (const auto& [rank, a] : applied.items()) {
+            apply_bytes += a.value("write_bytes", 0.0);
+            apply_seconds += a.value("apply_seconds", 0.0);
           }
         }
       } else if (v > 1) {
@@ -200,13 +210,16 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
         verified = "verified bit for bit (" + std::to_string(r->verified_tensors) + " tensors)";
       }
     }
-    // The predictor's delta path over the same links, with the fraction and
-    // the find rate (one rank's written bytes per second of its find stage)
-    // this run measured; the apply is not in the trainers' reports.
+    // The predictor's delta path over the same links, with the rates this
+    // run measured: the fraction on the wire, and per rank its written bytes
+    // per second of its find and of its copy, quantize and pack stages, and
+    // an inference rank's bytes per second of its apply.
     if (opt.delta && rate > 0 && delta_whole > 0 && find_seconds > 0) {
       LinkModel links = EmulatedLinks(rate);
       links.delta_fraction = delta_wire / delta_whole;
       links.delta_find_gbps = find_bytes / find_seconds / 1e9;
+      if (pack_seconds > 0) links.pack_gbps = find_bytes / pack_seconds / 1e9;
+      if (apply_seconds > 0) links.delta_apply_gbps = apply_bytes / apply_seconds / 1e9;
       predicted_delta = Summarize(s.table(), links, &*rank_plans);
     }
     // What really crossed each host link (eth0 counters: payload plus TCP/IP
@@ -286,9 +299,10 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
                 delta_s, delta_seconds.size(), delta_whole > 0 ? 100 * delta_wire / delta_whole : 0.0,
                 wsync_s > 0 ? delta_s / wsync_s : 0.0);
     if (predicted_delta.delta_predicted_seconds > 0) {
-      std::printf("  predicted    %.3f s for a delta update by the same model with this run's fraction and find rate\n"
-                  "               (%.2f GB/s per rank), %+.0f%% against measured\n",
-                  predicted_delta.delta_predicted_seconds, predicted_delta.link.delta_find_gbps,
+      const LinkModel& l = predicted_delta.link;
+      std::printf("  predicted    %.3f s for a delta update by the same model with this run's fraction and rates per\n"
+                  "               rank (find %.2f, pack %.2f, apply %.2f GB/s), %+.0f%% against measured\n",
+                  predicted_delta.delta_predicted_seconds, l.delta_find_gbps, l.pack_gbps, l.delta_apply_gbps,
                   delta_s > 0 ? (predicted_delta.delta_predicted_seconds / delta_s - 1) * 100 : 0.0);
     }
   }

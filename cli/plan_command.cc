@@ -127,6 +127,10 @@ void AddLinkModelOptions(CLI::App& cmd, LinkModel* link) {
   cmd.add_option("--delta-apply-gbps", link->delta_apply_gbps,
                  "with --delta-fraction: GB/s of weights one inference rank applies deltas to at commit")
       ->capture_default_str();
+  cmd.add_option("--pack-gbps", link->pack_gbps,
+                 "with --delta-fraction: GB/s of written bytes one trainer rank copies, quantizes and packs "
+                 "(0: free, as on a GPU)")
+      ->capture_default_str();
 }
 
 void AddPlanSourceOptions(CLI::App& cmd, PlanSource* src) {

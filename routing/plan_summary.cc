@@ -314,6 +314,7 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
   const bool deltas = link.delta_fraction > 0;
   const double find_bps = deltas && link.delta_find_gbps > 0 ? link.delta_find_gbps * 1e9 : 0;
   const double apply_bps = deltas && link.delta_apply_gbps > 0 ? link.delta_apply_gbps * 1e9 : 0;
+  const double pack_bps = deltas && link.pack_gbps > 0 ? link.pack_gbps * 1e9 : 0;
   for (size_t g = 0; g < num_groups; ++g) {
     double group_delta = 0;
     MeshGroupSummary m;
@@ -342,9 +343,13 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
       m.write_seconds = std::max(m.write_seconds, wr);
       m.seconds = std::max(m.seconds, t);
       if (deltas) {
+        // The writes leave while the thread goes on; the unshard, the pack
+        // and the find take turns on it.
         const double wr_delta = (g_tnic[g][tnic_of[r]] * link.delta_fraction + g_unshard_send[g][tnic_of[r]]) / nic_bps +
-                                g_writes[g][r] * link.per_write_us * 1e-6 + (find_bps > 0 ? g_sent[g][r] / find_bps : 0);
-        group_delta = std::max(group_delta, std::max(ag, wr_delta) + std::min(ag, wr_delta) / calls);
+                                g_writes[g][r] * link.per_write_us * 1e-6;
+        const double work = (find_bps > 0 ? g_sent[g][r] / find_bps : 0) + (pack_bps > 0 ? g_sent[g][r] / pack_bps : 0);
+        const double thread = ag + work;
+        group_delta = std::max(group_delta, std::max(thread, wr_delta) + std::min(thread, wr_delta) / calls);
       }
     }
     for (int32_t r : table.mesh_groups[g].ranks) rank_path_delta[r] += group_delta + link.barrier_us * 1e-6;
@@ -468,14 +473,15 @@ std::string FormatSummaryText(const PlanSummary& s) {
   o << "  trainer stall (until every rank has read its last shard) " << Seconds(s.predicted_reads_done_seconds)
     << "\n";
   if (l.delta_fraction > 0) {
-    char line[512];
+    char line[512], pack[32] = "no cost";
+    if (l.pack_gbps > 0) std::snprintf(pack, sizeof pack, "%.1f GB/s", l.pack_gbps);
     std::snprintf(line, sizeof line,
                   "  delta version %s = max(sender path %s, busiest receiver NIC and apply %s): %.1f%% of the bytes "
-                  "on the wire, changes found at %.0f GB/s per trainer rank, applied at %.0f GB/s per inference rank "
-                  "(docs/DELTAS.md)\n",
+                  "on the wire, changes found at %.1f GB/s per trainer rank, applied at %.1f GB/s per inference rank, "
+                  "packed at %s (docs/DELTAS.md)\n",
                   Seconds(s.delta_predicted_seconds).c_str(), Seconds(s.delta_sender_bound_seconds).c_str(),
                   Seconds(s.delta_receive_bound_seconds).c_str(), l.delta_fraction * 100, l.delta_find_gbps,
-                  l.delta_apply_gbps);
+                  l.delta_apply_gbps, pack);
     o << line;
   }
   o << "  link model: " << (l.one_link_per_host ? "one link per host, " : "") << "NIC " << l.nic_gbps << " Gbit/s at " << l.nic_efficiency * 100
@@ -529,6 +535,7 @@ std::string FormatSummaryJson(const PlanSummary& s) {
   j["wire_limit_seconds"] = s.wire_limit_seconds;
   if (s.link.delta_fraction > 0) {
     j["delta"] = {{"fraction", s.link.delta_fraction}, {"find_gbps", s.link.delta_find_gbps},
+                  {"pack_gbps", s.link.pack_gbps},
                   {"apply_gbps", s.link.delta_apply_gbps}, {"predicted_seconds", s.delta_predicted_seconds},
                   {"sender_bound_seconds", s.delta_sender_bound_seconds},
                   {"receive_bound_seconds", s.delta_receive_bound_seconds}};

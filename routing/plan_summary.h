@@ -40,6 +40,12 @@ struct LinkModel {
   double delta_fraction = 0;
   double delta_find_gbps = 0;
   double delta_apply_gbps = 0;
+  // GB/s of written bytes one trainer rank copies, quantizes and packs
+  // (0: free, as on a GPU, where it takes milliseconds). A whole version
+  // hides this work behind its writes; a delta version, with a fraction of
+  // the bytes to send, waits for it, on the same thread as the unshard and
+  // the find.
+  double pack_gbps = 0;
 };
 
 struct Distribution {
@@ -106,10 +112,10 @@ struct PlanSummary {
   // when training may go on.
   double predicted_reads_done_seconds = 0;
   double wire_limit_seconds = 0;      // busiest NIC (either side), bytes only
-  // With LinkModel::delta_fraction: the same for a delta version. The
-  // sender path adds the find to each rank's writes and sends the fraction;
-  // the receiver's NIC takes the fraction, then the apply runs over every
-  // byte the deltas stand for.
+  // With LinkModel::delta_fraction: the same for a delta version. A
+  // rank's unshard, pack and find run one after the other, its smaller
+  // writes beside them; the receiver's NIC takes the fraction, then the
+  // apply runs over every byte the deltas stand for.
   double delta_predicted_seconds = 0;
   double delta_sender_bound_seconds = 0;
   double delta_receive_bound_seconds = 0;

@@ -67,6 +67,20 @@ TEST(PlanSummaryTest, ADeltaVersionSendsItsFractionAfterTheFindAndAppliesAfterTh
   EXPECT_NEAR(s.delta_predicted_seconds, 0.6, 1e-12);
 }
 
+// On a host the pack takes turns with the find on the rank's thread: at
+// 2 GB/s over the same 1 GB it adds 0.5 s before the writes can finish.
+TEST(PlanSummaryTest, ADeltaVersionOnAHostWaitsForThePackAndTheFind) {
+  LinkModel m = Plain();
+  m.delta_fraction = 0.1;
+  m.delta_find_gbps = 4;
+  m.delta_apply_gbps = 2;
+  m.pack_gbps = 2;
+  const PlanSummary s = Summarize(TwoByTwo(), m);
+  EXPECT_DOUBLE_EQ(s.predicted_seconds, 1.0);
+  EXPECT_NEAR(s.delta_sender_bound_seconds, 0.85, 1e-12);  // 0.25 + 0.5, then the last 0.1 s of writes
+  EXPECT_NEAR(s.delta_predicted_seconds, 0.85, 1e-12);
+}
+
 TEST(PlanSummaryTest, NoDeltaFractionPredictsNoDeltaVersion) {
   const PlanSummary s = Summarize(TwoByTwo(), Plain());
   EXPECT_EQ(s.delta_predicted_seconds, 0.0);
