@@ -27,7 +27,11 @@ sys.path.insert(0, HERE)
 import torch_models  # noqa: E402
 from test_torch_sync import torchrun, wsync_binary  # noqa: E402
 
-VERSIONS = 3
+# Versions 1-3 are AdamW steps at lr 1e-2 (every weight moves, so the served
+# tokens change); version 4 at an RL learning rate, 1e-5 on fp32 masters,
+# goes as deltas.
+VERSIONS = 4
+RL_FROM, RL_LR = 4, "1e-5"
 TP = 2
 TIMEOUT = 900
 
@@ -114,7 +118,8 @@ def _deploy(tmp_path_factory, model_name):
                               "--out", str(out), "--delta"], stdout=open(str(out / "engine.out"), "w"))
     trainers = start("trainers", [torchrun(), "--standalone", "--nproc-per-node", "2",
                                   os.path.join(HERE, "vllm_trainer.py"), "--controller", address, "--job", "vllm",
-                                  "--versions", str(VERSIONS), "--out", str(out), "--model", model_name, "--delta"],
+                                  "--versions", str(VERSIONS), "--out", str(out), "--model", model_name, "--delta",
+                                  "--fp32", "--rl-from", str(RL_FROM), "--rl-lr", RL_LR],
                      stdout=open(str(out / "trainers.out"), "w"))
     try:
         _wait_for((("trainers", trainers), ("engine", engine)), logs)
@@ -170,8 +175,27 @@ def test_every_tensor_vllm_computes_from_equals_the_fresh_engines_bit_for_bit(de
 def test_the_served_tokens_change_with_every_version(deployment):
     result, _ = deployment
     seen = [result["tokens"][str(v)] for v in range(0, VERSIONS + 1)]
-    for v in range(1, VERSIONS + 1):
+    for v in range(1, RL_FROM):  # the lr 1e-2 versions
         assert seen[v] != seen[v - 1], f"version {v} served the same tokens as version {v - 1}"
+
+
+def test_a_version_at_an_rl_learning_rate_lands_in_vllm_as_deltas(deployment):
+    """Version 4's few changed bytes go as deltas into the engine's inboxes
+    and are applied inside update_weights; the checks above compare its
+    tensors and tokens with a fresh engine loading its checkpoint."""
+    result, logs = deployment
+    out = os.path.dirname(logs["engine"])
+    for v in range(1, VERSIONS + 1):
+        with open(os.path.join(out, f"push-v{v}.json")) as f:
+            reports = json.load(f)
+        deltas = sum(r["delta_writes"] for r in reports)
+        wire, whole = sum(r["written_bytes"] for r in reports), sum(r["write_bytes"] for r in reports)
+        print(f"test_vllm: version {v}: {deltas} writes as deltas, {wire} of {whole} bytes on the wire "
+              f"({100 * wire / whole:.2f}%)", flush=True)
+        if v == 1:
+            assert deltas == 0 and wire == whole  # nothing to build on yet
+        elif v >= RL_FROM:
+            assert deltas > 0 and wire < whole / 3, f"version {v}: {deltas} deltas, {wire} of {whole} bytes"
 
 
 def test_each_layer_lands_in_place_or_through_vllms_processing_and_the_log_says_which(qwen3):

@@ -7,10 +7,17 @@ ranks (Gloo, CPU) pushing versions into a vLLM engine through wsync.
 For each version v: one AdamW step, the full state saved as a transformers
 checkpoint in OUT/ckpt_v<v> (rank 0; what the test's fresh reference engine
 loads), then TrainerAgent.push(v) and its wait (the engine is engine-paced:
-the push lands when the engine's update_weights takes it).
+the push lands when the engine's update_weights takes it); every rank's
+push report goes to OUT/push-v<v>.json.
+
+--fp32 keeps fp32 master weights (the checkpoints, like the engine, are
+bf16); --rl-from V --rl-lr LR takes the steps from version V on at an RL
+learning rate, which changes a few percent of the bytes: with --delta,
+those versions go as deltas.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -68,17 +75,23 @@ def main():
     ap.add_argument("--model", default="qwen3", choices=sorted(BUILDERS))
     ap.add_argument("--timeout-s", type=float, default=300.0, help="TrainerAgent's timeout (the plan included)")
     ap.add_argument("--delta", action="store_true", help="TrainerAgent(delta=True)")
+    ap.add_argument("--fp32", action="store_true", help="fp32 master weights (qwen3, qwen3_moe)")
+    ap.add_argument("--rl-from", type=int, default=0, help="from this version on, AdamW steps at --rl-lr")
+    ap.add_argument("--rl-lr", type=float, default=1e-5)
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     builder = BUILDERS[a.model]
-    _, model = builder()
+    _, model = builder(dtype=torch.float32) if a.fp32 else builder()
     fsdp_setup.shard_dense(model, init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     optimizer = fsdp_setup.make_optimizer(model)
     agent = wsync.TrainerAgent(model, controller=a.controller, job=a.job, timeout_s=a.timeout_s, delta=a.delta)
     print(f"vllm_trainer rank {rank}: registered; the world is planned", flush=True)
     for v in range(1, a.versions + 1):
+        if v == a.rl_from:
+            for group in optimizer.param_groups:
+                group["lr"] = a.rl_lr
         loss = fsdp_setup.train_step(model, optimizer, v, rank)
         state = fsdp_setup.full_state(model)
         if rank == 0:
@@ -89,6 +102,11 @@ def main():
         print(f"vllm_trainer rank {rank}: version {v} (loss {loss:.3f}) pushed: {report['stages']['total']:.3f} s; "
               f"{report['delta_writes']} of {report['writes']} writes as deltas, {report['written_bytes']} of "
               f"{report['write_bytes']} bytes on the wire", flush=True)
+        reports = [None] * world
+        dist.all_gather_object(reports, report)
+        if rank == 0:
+            with open(os.path.join(a.out, f"push-v{v}.json"), "w") as f:
+                json.dump(reports, f)
     agent.close()
     fsdp_setup.leave_job()
 
