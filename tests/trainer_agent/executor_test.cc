@@ -607,12 +607,12 @@ TEST_P(ExecutorTest, DeviceStagesThatRunLateStillLandBitForBit) {
 }
 
 // Delta versions (ExecutorOptions::deltas) on the host and on the device
-// path: versions after the first change about 1 element in 40 and their
-// writes go as deltas into the receivers' inbox slots, which the test
-// applies as a receiver does at commit; every byte must then be the
-// reference's (computed from the full weights, never from a delta). On the
-// deferred device the copies are its memory, and an encode or a header
-// written before its stages ran would send stale bytes.
+// path (also staged through host memory): versions after the first change
+// about 1 element in 40 and their writes go as deltas into the receivers'
+// inbox slots, which the test applies as a receiver does at commit; every
+// byte must then be the reference's (computed from the full weights, never
+// from a delta). On the deferred device the copies are its memory, and an
+// encode or a header written before its stages ran would send stale bytes.
 TEST_P(ExecutorTest, DeltaVersionsLandBitForBit) {
   AddInboxes();
   if (HasFailure()) return;
@@ -625,10 +625,14 @@ TEST_P(ExecutorTest, DeltaVersionsLandBitForBit) {
     return full;
   };
   uint64_t v = 0;
-  for (bool on_device : {false, true}) {
-    SCOPED_TRACE(on_device ? "device" : "host");
+  for (const char* mode : {"host", "device", "device, host staging"}) {
+    SCOPED_TRACE(mode);
+    const bool on_device = std::string(mode) != "host";
     Setup setup = Options(64 << 20);
     setup.executor.deltas = true;
+    // Host staging: the engine sends the mirror, so a delta not copied
+    // there would send the mirror's filler.
+    setup.executor.stage_through_host = std::string(mode) == "device, host staging";
     for (int r = 0; r < kTrainers; ++r) {
       ASSERT_TRUE((on_device ? CreateDeviceExecutor(r, setup) : CreateExecutor(r, setup)).ok());
       EXPECT_GT(ranks_[r]->executor->delta_copy_bytes(), 0u) << "rank " << r;
