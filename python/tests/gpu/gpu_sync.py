@@ -583,7 +583,9 @@ def main():
     ap.add_argument("--work", default="/tmp/wsync-gpu-sync")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--versions", type=int, default=3)
-    ap.add_argument("--watermark-mb", type=int, default=2048)
+    ap.add_argument("--watermark-mb", type=int, default=None,
+                    help="the trainer's watermark; 2048 MB, or with --delta 12288 MB (packed writes with their delta "
+                         "slots and the copies of what was sent need more)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="torch.profiler over the trainer's last version")
     ap.add_argument("--checksums", action="store_true",
@@ -603,6 +605,8 @@ def main():
                     help="delta versions: TrainerAgent/InferenceAgent(delta=True), each version a real AdamW step")
     ap.add_argument("--lr", type=float, default=1e-5, help="--delta: the AdamW step's learning rate")
     args = ap.parse_args()
+    if args.watermark_mb is None:
+        args.watermark_mb = 12288 if args.delta else 2048
     if args.role == "job":
         sys.exit(job(args))
     (trainer if args.role == "trainer" else engine)(args)
