@@ -62,8 +62,8 @@ void AddInferenceAgentCommand(CLI::App& app) {
                 "the store only once a version is complete on every rank, so a failed version leaves the last "
                 "complete one intact");
   cmd->add_flag("--delta", flags->deltas,
-                "take delta versions (docs/DELTAS.md): a host-memory inbox of a third of the weights' size beside "
-                "them, where trainers running with --delta write only what changed; applied here before a version is "
+                "take delta versions (docs/DELTAS.md): an inbox of a third of the weights' size beside "
+                "them (GPU memory beside --cuda-ipc tensors, applied there by a kernel), where trainers running with --delta write only what changed; applied here before a version is "
                 "complete. The controller decides which versions go as deltas (--full-every)");
   cmd->add_flag("--paced", flags->paced,
                 "engine-paced: the weights change only when the engine asks (StoreVersions.update() in Python, "

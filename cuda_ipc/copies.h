@@ -1,7 +1,8 @@
 // Memory of a sidecar's own beside the mapped handles, and copies into
 // them: what the inference sidecar's shadow needs (a private copy of the
 // engine's weights where the writes land, copied into the engine's tensors
-// once a version is complete everywhere). For host staging the copy is
+// once a version is complete everywhere), and its delta inboxes with the
+// apply of their deltas (delta/codec_cuda.h). For host staging the copy is
 // pinned host memory, which any libfabric registers; otherwise it is device
 // memory on the weights' GPU.
 //
@@ -55,11 +56,17 @@ class CopyStream {
   // launched after it on any stream of the device, with the first error of
   // any of them.
   Status Finish();
+  // Delta versions: delta/codec_cuda.h's ApplyCuda of the delta at `delta`
+  // (device memory, `delta_bytes`) onto `target` (`size` bytes of device
+  // memory) on this stream, after the copies issued before it; returns once
+  // applied, or with the codec's error naming `what` and nothing changed.
+  Status ApplyDelta(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size, const char* what);
 
  private:
   CopyStream(int device, void* stream) : device_(device), stream_(stream) {}
   int device_;
   void* stream_;  // cudaStream_t
+  std::shared_ptr<void> workspace_;  // delta::CudaWorkspace, made by the first ApplyDelta
 };
 
 }  // namespace wsync::cuda_ipc

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda_ipc/copies.h"
+#include "delta/codec_cuda.h"
 
 namespace wsync::cuda_ipc {
 namespace {
@@ -23,6 +24,7 @@ StatusOr<std::unique_ptr<Buffer>> Buffer::Allocate(Kind kind, int device, uint64
     e = kind == Kind::kPinnedHost ? cudaHostAlloc(&p, std::max<uint64_t>(bytes, 1), cudaHostAllocPortable)
                                   : cudaMalloc(&p, std::max<uint64_t>(bytes, 1));
   }
+  if (e == cudaSuccess && kind == Kind::kDevice) e = cudaMemset(p, 0, std::max<uint64_t>(bytes, 1));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return ResourceExhausted("allocating " + what + ": " + CudaError(e));
@@ -69,6 +71,15 @@ Status CopyStream::Finish() {
   if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   if (e != cudaSuccess) return Internal("copies on cuda:" + std::to_string(device_) + ": " + CudaError(e));
   return Status::Ok();
+}
+
+Status CopyStream::ApplyDelta(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size,
+                              const char* what) {
+  cudaError_t e = cudaSetDevice(device_);
+  if (e != cudaSuccess) return Internal("applying a delta on cuda:" + std::to_string(device_) + ": " + CudaError(e));
+  if (workspace_ == nullptr) workspace_ = std::make_shared<delta::CudaWorkspace>();
+  return delta::ApplyCuda(delta, delta_bytes, target, size, what, *static_cast<delta::CudaWorkspace*>(workspace_.get()),
+                          static_cast<cudaStream_t>(stream_));
 }
 
 }  // namespace wsync::cuda_ipc

@@ -286,8 +286,12 @@ StatusOr<Encoded> EncodeAndAdvanceCuda(uint8_t* base, const uint8_t* next, uint6
 
 Status ApplyCuda(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size, const char* what,
                  CudaWorkspace& ws, cudaStream_t stream) {
-  if (!Aligned16(delta) || !Aligned16(target)) {
-    return InvalidArgument(std::string("delta for ") + what + ": on the GPU the delta and target must be 16-byte aligned");
+  // Apply reads the where-areas as u16 and the values as whole elements and
+  // writes whole elements: a delta 4-byte aligned (an inbox slot is 8-byte
+  // aligned) and a target aligned to its elements (a tensor's bytes at any
+  // element of a region) will do.
+  if (reinterpret_cast<uintptr_t>(delta) % 4 != 0) {
+    return InvalidArgument(std::string("delta for ") + what + ": on the GPU a delta must be 4-byte aligned");
   }
   uint8_t header[kHeaderBytes] = {};
   DELTA_CUDA(cudaMemcpyAsync(header, delta, std::min<uint64_t>(kHeaderBytes, delta_bytes), cudaMemcpyDeviceToHost,
@@ -302,6 +306,10 @@ Status ApplyCuda(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, ui
     head.assign(header, header + std::min<uint64_t>(kHeaderBytes, delta_bytes));
   }
   WSYNC_ASSIGN_OR_RETURN(Layout l, ReadLayout(head.data(), head.size(), delta_bytes, size, what));
+  if (reinterpret_cast<uintptr_t>(target) % l.elem_bytes != 0) {
+    return InvalidArgument(std::string("delta for ") + what + ": on the GPU its target must be aligned to its " +
+                           std::to_string(l.elem_bytes) + "-byte elements");
+  }
   const uint64_t chunks = l.chunks();
   if (chunks == 0) return Status::Ok();
   WSYNC_RETURN_IF_ERROR(ws.Reserve(chunks));

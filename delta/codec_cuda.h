@@ -11,8 +11,10 @@
 // that does not describe its target changes nothing.
 //
 // Built into wsync_delta_cuda where the CUDA toolkit is found. Buffers are
-// device memory, 16-byte aligned; calls run on `stream` and return once
-// their result is known (they synchronize the stream).
+// device memory: the encode's 16-byte aligned, the apply's delta 4-byte
+// aligned and its target aligned to its elements (an inbox slot onto a
+// tensor's bytes); calls run on `stream` and return once their result is
+// known (they synchronize the stream).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,6 +4,7 @@
 #include <map>
 
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -32,15 +33,22 @@ std::string Fixed3(double x) {
 
 }  // namespace
 
-// One weight region's inbox: private anonymous memory, registered.
+// One weight region's inbox, registered: private anonymous memory beside a
+// host region, or memory of a device region's owner on its device
+// (WeightMemory::AllocateInbox), read and applied through it.
 struct InferenceAgent::Inbox {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
+  WeightMemory::Region region;        // the inbox as a region (for WeightMemory::Read)
+  const WeightMemory::Region* of = nullptr;  // the landing region it serves
+  WeightMemory* owner = nullptr;      // device memory: whose it is; null: mapped here
   Inbox() = default;
   Inbox(const Inbox&) = delete;
   Inbox& operator=(const Inbox&) = delete;
   ~Inbox() {
-    if (data != nullptr) munmap(data, bytes);
+    if (data == nullptr) return;
+    if (owner != nullptr) owner->FreeInbox(*of, data);
+    else munmap(data, bytes);
   }
 };
 
@@ -111,8 +119,9 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
     for (const auto& [id, inbox] : agent->inboxes_) bytes += inbox->bytes;
     inboxes = " and " + std::to_string(agent->regions_.size() - weight_regions) + " delta inbox(es) of " +
               std::to_string(bytes) + " bytes";
-  } else if (agent->options_.deltas) {
-    inboxes = " (no delta inbox: device regions take full writes)";
+  }
+  if (!agent->no_inbox_.empty()) {
+    inboxes += " (device regions without an inbox take full writes: " + agent->no_inbox_ + ")";
   }
   agent->Log(where + ": registered " + std::to_string(weight_regions) + " region(s) of " +
              (agent->options_.shadow ? "a shadow of '" : "'") + agent->memory_->name() + "'" + inboxes + " on " +
@@ -123,19 +132,33 @@ StatusOr<std::unique_ptr<InferenceAgent>> InferenceAgent::Create(std::unique_ptr
 Status InferenceAgent::RegisterInboxes(const std::vector<WeightMemory::Region>& landing) {
   const std::string where = "inference rank " + std::to_string(rank_.rank);
   for (const WeightMemory::Region& r : landing) {
-    if (r.kind != transport::MemoryKind::kHost) continue;  // applied on the host only, so far
     auto inbox = std::make_unique<Inbox>();
     inbox->bytes = std::max<uint64_t>(delta::InboxBytes(r.size), delta::kSlotAlign);
-    void* p = mmap(nullptr, inbox->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return ResourceExhausted(where + ": cannot map the " + std::to_string(inbox->bytes) +
-                               "-byte delta inbox of region '" + r.id + "'");
+    inbox->of = &r;
+    if (r.kind == transport::MemoryKind::kHost) {
+      void* p = mmap(nullptr, inbox->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return ResourceExhausted(where + ": cannot map the " + std::to_string(inbox->bytes) +
+                                 "-byte delta inbox of region '" + r.id + "'");
+      }
+      inbox->data = static_cast<uint8_t*>(p);
+    } else {
+      // On the region's device, registered as the region is: the trainers'
+      // delta writes land as its whole writes would.
+      StatusOr<uint8_t*> p = memory_->AllocateInbox(r, inbox->bytes);
+      if (p.status().code() == StatusCode::kUnimplemented) {
+        no_inbox_ = p.status().message();
+        continue;  // this region takes every write whole
+      }
+      if (!p.ok()) return p.status().WithContext(where + ": the delta inbox of region '" + r.id + "'");
+      inbox->data = *p;
+      inbox->owner = memory_.get();
     }
-    inbox->data = static_cast<uint8_t*>(p);
+    inbox->region = {delta::InboxRegionId(r.id), inbox->data, inbox->bytes, r.kind, r.device};
     StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-        engine_->Register(inbox->data, inbox->bytes, transport::MemoryKind::kHost, 0);
+        engine_->Register(inbox->data, inbox->bytes, r.kind, r.device);
     if (!mr.ok()) return mr.status().WithContext(where + ": registering the delta inbox of region '" + r.id + "'");
-    rank_.regions.push_back({delta::InboxRegionId(r.id), inbox->bytes, DescriptorToText((*mr)->descriptor())});
+    rank_.regions.push_back({inbox->region.id, inbox->bytes, DescriptorToText((*mr)->descriptor())});
     regions_.push_back(std::move(mr).value());
     inboxes_.emplace(r.id, std::move(inbox));
   }
@@ -168,9 +191,16 @@ StatusOr<DeltaApplied> InferenceAgent::ApplyDeltas(uint64_t v) {
     if (inbox == inboxes_.end()) continue;
     const delta::Slot slot = delta::SlotOf(w.offset, w.bytes);
     if (slot.bytes < delta::kSlotHeaderBytes + delta::kHeaderBytes) continue;  // too small for any delta
-    const uint8_t* at = inbox->second->data + slot.at;
+    const Inbox& box = *inbox->second;
+    const uint8_t* at = box.data + slot.at;
+    uint8_t head[delta::kSlotHeaderBytes];
+    if (box.owner != nullptr) {  // device memory: its owner reads the header back
+      WSYNC_RETURN_IF_ERROR(memory_->Read(box.region, slot.at, sizeof head, head).WithContext(me));
+    } else {
+      std::memcpy(head, at, sizeof head);
+    }
     delta::SlotHeader h;
-    if (!delta::ReadSlotHeader(at, &h) || h.version != v) continue;  // this write came whole, in place
+    if (!delta::ReadSlotHeader(head, &h) || h.version != v) continue;  // this write came whole, in place
     const std::string what = "tensor '" + w.tensor + "' (region '" + w.region + "' bytes [" +
                              std::to_string(w.offset) + ", " + std::to_string(w.offset + w.bytes) + "))";
     if (h.base != base) {
@@ -183,10 +213,13 @@ StatusOr<DeltaApplied> InferenceAgent::ApplyDeltas(uint64_t v) {
       return DataLoss(me + ": " + what + ": its delta claims " + std::to_string(h.delta_bytes) +
                       " bytes, its slot holds " + std::to_string(slot.bytes - delta::kSlotHeaderBytes));
     }
-    uint8_t* target = landing.at(w.region)->data + w.offset;  // SetPlan checked the bounds
-    WSYNC_RETURN_IF_ERROR(
-        delta::Apply(at + delta::kSlotHeaderBytes, h.delta_bytes, target, w.bytes, w.tensor.c_str())
-            .WithContext(me + ": " + what));
+    const WeightMemory::Region& into = *landing.at(w.region);
+    uint8_t* target = into.data + w.offset;  // SetPlan checked the bounds
+    const uint8_t* d = at + delta::kSlotHeaderBytes;
+    WSYNC_RETURN_IF_ERROR((box.owner == nullptr ? delta::Apply(d, h.delta_bytes, target, w.bytes, w.tensor.c_str())
+                                                : memory_->ApplyDelta(into, d, h.delta_bytes, target, w.bytes,
+                                                                      w.tensor.c_str()))
+                              .WithContext(me + ": " + what));
     ++done.writes;
     done.delta_bytes += delta::kSlotHeaderBytes + h.delta_bytes;
     done.bytes += w.bytes;

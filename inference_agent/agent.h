@@ -62,11 +62,14 @@ struct InferenceAgentOptions {
   // regions as the engine's; Commit copies a version out into the engine's
   // weights, so a version that fails leaves them at the last complete one.
   std::shared_ptr<ShadowMemory> shadow;
-  // Delta versions (delta/inbox.h): beside each host region of the landing
-  // memory (the shadow's, in shadow mode), an inbox of host memory is
-  // registered and published as region "<id>#delta"; implies hold. A held
-  // version's deltas are applied (ApplyDeltas) before it is checked and
-  // committed. Device regions get no inbox: they always take full writes.
+  // Delta versions (delta/inbox.h): beside each region of the landing
+  // memory (the shadow's, in shadow mode), an inbox is registered and
+  // published as region "<id>#delta"; implies hold. A held version's deltas
+  // are applied (ApplyDeltas) before it is checked and committed. A host
+  // region's inbox is host memory, applied by the CPU codec; a device
+  // region's is memory on its device from the WeightMemory
+  // (AllocateInbox), applied there by it (ApplyDelta); an owner without
+  // those leaves its device regions without an inbox, taking full writes.
   bool deltas = false;
 };
 
@@ -166,7 +169,7 @@ class InferenceAgent {
                  InferenceAgentOptions options);
   void OnVersionDone(uint64_t v, Clock::time_point begun, const Status& status);
   void Log(const std::string& line) const;
-  // InferenceAgentOptions::deltas: an inbox beside each host region of `landing`.
+  // InferenceAgentOptions::deltas: an inbox beside each region of `landing`.
   Status RegisterInboxes(const std::vector<WeightMemory::Region>& landing);
 
   // Declaration order is teardown order reversed: regions go first, then the
@@ -177,6 +180,7 @@ class InferenceAgent {
   std::unique_ptr<WeightMemory> memory_;
   struct Inbox;
   std::map<std::string, std::unique_ptr<Inbox>> inboxes_;  // by weight region id; fixed after Create
+  std::string no_inbox_;  // why a device region has no inbox, if one has none
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool planned_ = false;                         // guarded by mu_

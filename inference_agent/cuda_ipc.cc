@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "cuda_ipc/copies.h"
 #include "cuda_ipc/mappings.h"
@@ -36,11 +37,40 @@ class CudaIpcWeights : public WeightMemory {
     return Status::Ok();
   }
 
+  // Delta versions: an inbox is device memory of the sidecar's own on the
+  // tensor's GPU, and deltas are applied there on a stream of its own.
+  StatusOr<uint8_t*> AllocateInbox(const Region& r, uint64_t bytes) override {
+    StatusOr<std::unique_ptr<cuda_ipc::Buffer>> b = cuda_ipc::Buffer::Allocate(cuda_ipc::Buffer::Kind::kDevice, r.device, bytes);
+    if (!b.ok()) return b.status().WithContext(name() + ": the delta inbox of region '" + r.id + "'");
+    uint8_t* p = (*b)->data();
+    std::lock_guard<std::mutex> lock(mu_);
+    inboxes_.emplace(p, std::move(b).value());
+    return p;
+  }
+  void FreeInbox(const Region&, uint8_t* inbox) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    inboxes_.erase(inbox);
+  }
+  Status ApplyDelta(const Region& r, const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size,
+                    const char* what) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<cuda_ipc::CopyStream>& stream = appliers_[r.device];
+    if (stream == nullptr) {
+      StatusOr<std::unique_ptr<cuda_ipc::CopyStream>> made = cuda_ipc::CopyStream::Create(r.device);
+      if (!made.ok()) return made.status().WithContext(name());
+      stream = std::move(made).value();
+    }
+    return stream->ApplyDelta(delta, delta_bytes, target, size, what);
+  }
+
  private:
   WeightStore store_;
   int64_t pid_;
   std::unique_ptr<cuda_ipc::Mappings> mappings_;
   std::vector<Region> regions_;
+  mutable std::mutex mu_;
+  std::map<uint8_t*, std::unique_ptr<cuda_ipc::Buffer>> inboxes_;                 // guarded by mu_
+  mutable std::map<int, std::unique_ptr<cuda_ipc::CopyStream>> appliers_;  // by device; guarded by mu_
 };
 
 // Shadow regions carved from one buffer per (kind, GPU), 4 KiB aligned.

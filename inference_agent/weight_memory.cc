@@ -45,6 +45,15 @@ Status WeightMemory::Checksums(const std::vector<Range>& ranges, uint64_t* out) 
   return Status::Ok();
 }
 
+StatusOr<uint8_t*> WeightMemory::AllocateInbox(const Region& r, uint64_t) {
+  return Unimplemented(name() + ": region '" + r.id + "' is device memory, and this owner keeps no delta inbox there");
+}
+
+Status WeightMemory::ApplyDelta(const Region& r, const uint8_t*, uint64_t, uint8_t*, uint64_t, const char* what) const {
+  return Unimplemented(name() + ": " + what + ": region '" + r.id +
+                       "' is device memory, and this owner applies no delta there");
+}
+
 namespace {
 
 class ShmWeightMemory : public WeightMemory {

@@ -68,6 +68,21 @@ class WeightMemory {
     uint64_t bytes = 0;
   };
   virtual Status Checksums(const std::vector<Range>& ranges, uint64_t* out) const;
+
+  // Delta versions (InferenceAgentOptions::deltas) in device regions. The
+  // inbox of device region `r` (delta/inbox.h): `bytes` of zeroed memory on
+  // r's device, which the agent registers with the engine as it registers r
+  // (FI_HMEM), given back by FreeInbox. Unimplemented by default: the region
+  // then gets no inbox and takes every write whole.
+  virtual StatusOr<uint8_t*> AllocateInbox(const Region& r, uint64_t bytes);
+  virtual void FreeInbox(const Region& r, uint8_t* inbox) { (void)r, (void)inbox; }
+  // delta::Apply on r's device (delta/codec_cuda.h): the delta at `delta`
+  // (`delta_bytes` of r's inbox) onto `target` (`size` bytes inside r, of
+  // the landing memory), checked whole before a byte changes, its errors
+  // naming `what`; returns once the bytes are in place. Unimplemented by
+  // default.
+  virtual Status ApplyDelta(const Region& r, const uint8_t* delta, uint64_t delta_bytes, uint8_t* target,
+                            uint64_t size, const char* what) const;
 };
 
 // Shadow mode: memory of the same regions (ids, sizes) where the writes

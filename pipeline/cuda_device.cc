@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/checksum_cuda.h"
+#include "delta/codec_cuda.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/box_pack_cuda.h"
 #include "pipeline/fp8_cuda.h"
@@ -183,6 +184,16 @@ class CudaDevice : public DeviceOps {
     return s.ok() ? s : s.WithContext(name());
   }
 
+  // delta/codec_cuda.h's kernels on the stream, after the stages issued
+  // before; they wait for the stream themselves (the delta's length comes
+  // back to the host).
+  bool EncodesDeltas() const override { return true; }
+  StatusOr<delta::Encoded> EncodeDelta(uint8_t* base, const uint8_t* next, uint64_t size, uint32_t elem_bytes,
+                                       uint8_t* out, uint64_t capacity) override {
+    WSYNC_RETURN_IF_ERROR(Check("delta encode", [] { return cudaSuccess; }));  // this device current
+    return delta::EncodeAndAdvanceCuda(base, next, size, elem_bytes, out, capacity, delta_ws_, stream_);
+  }
+
   Status ReadBack(void* host, const void* src, uint64_t bytes) override {
     return Check("read back", [&] {
       cudaError_t e = cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_);
@@ -234,6 +245,7 @@ class CudaDevice : public DeviceOps {
   int slots_ = 0;
   std::optional<std::string> kernel_check_;  // Fp8KernelDisagreement, once
   DeviceChecksums checksums_;                 // its buffers: this device's memory
+  delta::CudaWorkspace delta_ws_;             // likewise
 };
 
 }  // namespace

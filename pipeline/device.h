@@ -26,6 +26,7 @@
 
 #include "common/checksum.h"
 #include "common/status.h"
+#include "delta/codec.h"
 #include "routing/dtype.h"
 #include "routing/routing_table.h"
 #include "transport/engine.h"
@@ -101,6 +102,21 @@ class DeviceOps {
   // returns once the bytes are there: the caller may reuse `host` at once
   // (staged_group.h, whose host buffers serve the next collective).
   virtual Status CopyFromHost(void* dst, const void* host, uint64_t bytes) = 0;
+
+  // Delta versions (ExecutorOptions::deltas, docs/DELTAS.md): whether this
+  // device implements EncodeDelta. Without it the executor keeps no copies
+  // on the device and every write goes whole.
+  virtual bool EncodesDeltas() const { return false; }
+  // delta/codec.h's EncodeAndAdvance on device memory (`base`: a copy the
+  // executor keeps in memory Allocate gave; `next` and `out`: the arena;
+  // all 16-byte aligned), ordered after everything issued above. Returns
+  // once the result is known (the delta's length decides where the write
+  // goes), with `base` advanced to `next` either way.
+  virtual StatusOr<delta::Encoded> EncodeDelta(uint8_t* base, const uint8_t* next, uint64_t size,
+                                               uint32_t elem_bytes, uint8_t* out, uint64_t capacity) {
+    (void)base, (void)next, (void)size, (void)elem_bytes, (void)out, (void)capacity;
+    return Unimplemented(name() + ": no delta encode on this device");
+  }
 
   // Host staging. Page-locked host memory (the arena's mirror), so that
   // copies into it run asynchronously; freed by FreeHost.

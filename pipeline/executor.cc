@@ -206,23 +206,51 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
 bool PlanExecutor::Impl::EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length) {
   DeltaCopy& c = copies[static_cast<size_t>(ww.copy)];
   const RankWrite& w = *ww.write;
+  DeviceOps* device = options.device;
   uint8_t* next = arena->data() + sw.chunk + ww.staging_at;
   uint8_t* copy = copy_memory.get() + c.at;
   const bool wanted = run_delta != nullptr && c.holds == run_delta->base &&
                       std::find(run_delta->ranks.begin(), run_delta->ranks.end(), w.dst_rank) != run_delta->ranks.end();
   c.holds = run_version;
-  if (!wanted) {
-    std::memcpy(copy, next, w.bytes);
+  auto failed = [&](const Status& s) {  // a device error: this copy is unknown, the version fails
+    c.holds = ~0ull;
+    RecordError(s.WithContext(WriteWhere(sw, w) + ": delta on " + device->name()));
     return false;
+  };
+  if (!wanted) {
+    if (device == nullptr) {
+      std::memcpy(copy, next, w.bytes);
+      return false;
+    }
+    Status s = device->Copy(copy, next, w.bytes);  // on the stream: before anything reuses the staging
+    return s.ok() ? false : failed(s);
   }
   uint8_t* out = next + ww.delta_at;
-  StatusOr<delta::Encoded> e = delta::EncodeAndAdvance(copy, next, w.bytes, ww.elem_bytes,
-                                                        out + delta::kSlotHeaderBytes,
-                                                        ww.slot_bytes - delta::kSlotHeaderBytes);
+  const uint64_t capacity = ww.slot_bytes - delta::kSlotHeaderBytes;
+  StatusOr<delta::Encoded> e =
+      device == nullptr
+          ? delta::EncodeAndAdvance(copy, next, w.bytes, ww.elem_bytes, out + delta::kSlotHeaderBytes, capacity)
+          : device->EncodeDelta(copy, next, w.bytes, ww.elem_bytes, out + delta::kSlotHeaderBytes, capacity);
+  if (!e.ok() && device != nullptr) return failed(e.status());
   if (!e.ok() || !e->fits) return false;  // the copy has advanced all the same; the write goes whole
-  delta::WriteSlotHeader({run_version, run_delta->base, e->bytes}, out);
+  const delta::SlotHeader header{run_version, run_delta->base, e->bytes};
   *length = delta::kSlotHeaderBytes + e->bytes;
-  return true;
+  if (device == nullptr) {
+    delta::WriteSlotHeader(header, out);
+    return true;
+  }
+  uint8_t head[delta::kSlotHeaderBytes];
+  delta::WriteSlotHeader(header, head);
+  if (arena->mirror() != nullptr) {  // host staging: the engine sends the mirror's bytes
+    uint8_t* mirrored = arena->mirror() + (out - arena->data());
+    std::memcpy(mirrored, head, sizeof head);
+    Status s = device->ReadBack(mirrored + delta::kSlotHeaderBytes, out + delta::kSlotHeaderBytes, e->bytes);
+    if (!s.ok()) return failed(s);
+    run_report->staged_bytes += e->bytes;
+    return true;
+  }
+  Status s = device->CopyFromHost(out, head, sizeof head);
+  return s.ok() ? true : failed(s);
 }
 
 StatusOr<uint64_t> PlanExecutor::Impl::ChecksumArena(uint64_t at, uint64_t bytes) {
@@ -665,13 +693,25 @@ void PlanExecutor::AdoptHeldCopies(HeldCopies held) {
     for (size_t i = 0; i < mine.size(); ++i) mine[i].second->holds = held.entries[i].holds;
     return;
   }
+  // Another layout (some routing changed): each write's copy moves over, on
+  // a device by copies that must finish before `held` is freed below.
   std::map<std::tuple<int32_t, std::string, uint64_t, uint64_t>, const HeldCopies::Entry*> by_write;
   for (const HeldCopies::Entry& e : held.entries) by_write[{e.dst_rank, e.region, e.offset, e.bytes}] = &e;
   for (auto& [ww, c] : mine) {
     auto it = by_write.find({ww->write->dst_rank, ww->write->region, ww->write->region_offset, ww->write->bytes});
     if (it == by_write.end()) continue;
-    std::memcpy(impl.copy_memory.get() + c->at, held.memory.get() + it->second->at, c->bytes);
+    uint8_t* to = impl.copy_memory.get() + c->at;
+    const uint8_t* from = held.memory.get() + it->second->at;
+    if (impl.options.device == nullptr) {
+      std::memcpy(to, from, c->bytes);
+    } else if (!impl.options.device->Copy(to, from, c->bytes).ok()) {
+      continue;  // not copied: this write's copy holds nothing, so it goes whole
+    }
     c->holds = it->second->holds;
+  }
+  std::vector<bool> nonfinite;
+  if (impl.options.device != nullptr && !impl.options.device->Synchronize(&nonfinite).ok()) {
+    for (auto& [ww, c] : mine) c->holds = ~0ull;
   }
 }
 

@@ -52,6 +52,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,7 +98,9 @@ struct ExecutorOptions {
   // only what changed into the write's inbox slot. The copies count against
   // the watermark: they take what is left of it above twice the largest
   // source's need (writes past that always go whole; the report says how
-  // much is covered). Host memory only, so far: with a device, ignored.
+  // much is covered). With a device the copies are its memory (Allocate)
+  // and the encode its (DeviceOps::EncodeDelta), once a write's staged bytes
+  // are final; a device without EncodesDeltas() sends every write whole.
   bool deltas = false;
 };
 
@@ -114,7 +117,9 @@ struct HeldCopies {
     uint64_t holds = ~0ull;
   };
   std::vector<Entry> entries;
-  std::unique_ptr<uint8_t[]> memory;
+  // Host memory, or the device's (ExecutorOptions::device, which must then
+  // outlive it): the deleter gives it back to whichever it is.
+  std::unique_ptr<uint8_t[], std::function<void(uint8_t*)>> memory;
 };
 
 // What the controller decided for one version (controller::VersionStatus):

@@ -140,7 +140,7 @@ struct PlanExecutor::Impl {
   std::vector<std::pair<size_t, size_t>> group_work;  // per MeshGroup: [begin, end) of work
   std::unique_ptr<TempArena> arena;
   std::vector<DeltaCopy> copies;
-  std::unique_ptr<uint8_t[]> copy_memory;
+  decltype(HeldCopies::memory) copy_memory;  // host memory, or the device's
   const DeltaTarget* run_delta = nullptr;  // the Run's, if any
 
   std::vector<std::unique_ptr<CollectiveGroup>> gather_groups;  // index = gather_sets
@@ -192,11 +192,14 @@ struct PlanExecutor::Impl {
   // it fits (staging grows to hold the delta); the copies come later.
   Status ResolveInbox(const RankWrite& w, const std::string& where, WriteWork* ww,
                       std::map<std::pair<int32_t, std::string>, size_t>* regions);
-  // The copies, within what the watermark leaves above `arena_floor`.
-  void AssignCopies(uint64_t arena_floor);
+  // The copies, within what the watermark leaves above `arena_floor`: host
+  // memory, or the device's.
+  Status AssignCopies(uint64_t arena_floor);
   // Whether ww goes as a delta this version; if so encodes it after its
   // bytes in staging (header first) and says how long it is. Either way
-  // the write's copy advances to the new bytes.
+  // the write's copy advances to the new bytes. On a device, called once
+  // the write's bytes are final (after the wait that precedes posting); a
+  // device error is recorded against the write and drops the copy.
   bool EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length);
   StatusOr<transport::RemoteMemory> ImportRegion(int32_t dst_rank, const std::string& region,
                                                  const std::string& where,

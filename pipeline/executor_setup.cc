@@ -214,7 +214,7 @@ StatusOr<transport::RemoteMemory> PlanExecutor::Impl::ImportRegion(
 
 Status PlanExecutor::Impl::ResolveInbox(const RankWrite& w, const std::string& where, WriteWork* ww,
                                         std::map<std::pair<int32_t, std::string>, size_t>* regions) {
-  if (!options.deltas || options.device != nullptr) return Status::Ok();
+  if (!options.deltas || (options.device != nullptr && !options.device->EncodesDeltas())) return Status::Ok();
   const uint64_t elem = w.kind == WriteKind::kScale ? 4 : static_cast<uint64_t>(DTypeSize(w.dst_dtype));
   if (elem != 1 && elem != 2 && elem != 4) return Status::Ok();
   const delta::Slot slot = delta::SlotOf(w.region_offset, w.bytes);
@@ -241,7 +241,7 @@ Status PlanExecutor::Impl::ResolveInbox(const RankWrite& w, const std::string& w
   return Status::Ok();
 }
 
-void PlanExecutor::Impl::AssignCopies(uint64_t arena_floor) {
+Status PlanExecutor::Impl::AssignCopies(uint64_t arena_floor) {
   uint64_t budget = options.watermark_bytes > arena_floor ? options.watermark_bytes - arena_floor : 0;
   uint64_t used = 0;
   for (SourceWork& sw : work) {
@@ -254,7 +254,19 @@ void PlanExecutor::Impl::AssignCopies(uint64_t arena_floor) {
       used += bytes;
     }
   }
-  if (used > 0) copy_memory.reset(new uint8_t[used]);
+  if (used == 0) return Status::Ok();
+  DeviceOps* device = options.device;
+  if (device == nullptr) {
+    copy_memory = {new uint8_t[used], [](uint8_t* p) { delete[] p; }};
+    return Status::Ok();
+  }
+  StatusOr<void*> p = device->Allocate(used);
+  if (!p.ok()) {
+    return p.status().WithContext("trainer rank " + std::to_string(plan->rank) + ": the " + std::to_string(used) +
+                                  "-byte delta copies on " + device->name());
+  }
+  copy_memory = {static_cast<uint8_t*>(*p), [device](uint8_t* q) { device->Free(q); }};
+  return Status::Ok();
 }
 
 Status PlanExecutor::Impl::ResolveExchange(const RankSource& src, const std::string& where, SourceWork* sw) {
@@ -373,7 +385,7 @@ Status PlanExecutor::Impl::Resolve() {
   // fragmentation rarely makes a source wait when the watermark would not.
   // Delta copies take what the watermark leaves above the arena's floor:
   // twice the largest source (one being filled while one's writes drain).
-  AssignCopies(2 * largest);
+  WSYNC_RETURN_IF_ERROR(AssignCopies(2 * largest));
   uint64_t copies_bytes = 0;
   for (const DeltaCopy& c : copies) copies_bytes += AlignTemp(c.bytes);
   const uint64_t capacity = std::min(options.watermark_bytes - copies_bytes, staging + 2 * largest);

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/checksum_cuda.h"
+#include "delta/codec_cuda.h"
 #endif
 #include "inference_agent/agent_runner.h"
 #include "python/src/torch_device.h"
@@ -113,6 +114,65 @@ Status InProcessWeights::Checksums(const std::vector<Range>& ranges, uint64_t* o
   return WeightMemory::Checksums(ranges, out);
 #endif
 }
+
+#ifdef WSYNC_FP8_CUDA
+struct InProcessWeights::Applier {
+  Applier(int d, c10::cuda::CUDAStream s) : device(d), stream(s) {}
+  int device;
+  c10::cuda::CUDAStream stream;
+  delta::CudaWorkspace ws;
+};
+
+StatusOr<uint8_t*> InProcessWeights::AllocateInbox(const Region& r, uint64_t bytes) {
+  if (r.kind != transport::MemoryKind::kCuda) return WeightMemory::AllocateInbox(r, bytes);
+  // An allocation of its own (not a block of torch's caching allocator):
+  // registered with the engine for as long as the agent lives.
+  const std::string where = name() + ": the delta inbox of region '" + r.id + "' on cuda:" + std::to_string(r.device);
+  void* p = nullptr;
+  cudaError_t e = cudaSetDevice(r.device);
+  if (e == cudaSuccess) e = cudaMalloc(&p, bytes);
+  if (e == cudaSuccess) e = cudaMemset(p, 0, bytes);  // no slot header before a trainer writes one
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (p != nullptr) (void)cudaFree(p);
+    return ResourceExhausted(where + " (" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(e));
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+void InProcessWeights::FreeInbox(const Region& r, uint8_t* inbox) {
+  if (cudaSetDevice(r.device) == cudaSuccess) (void)cudaFree(inbox);
+}
+
+Status InProcessWeights::ApplyDelta(const Region& r, const uint8_t* delta, uint64_t delta_bytes, uint8_t* target,
+                                    uint64_t size, const char* what) const {
+  if (r.kind != transport::MemoryKind::kCuda) return WeightMemory::ApplyDelta(r, delta, delta_bytes, target, size, what);
+  try {
+    std::lock_guard<std::mutex> lock(apply_mu_);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r.device));
+    if (applier_ == nullptr || applier_->device != r.device) {
+      applier_ = std::make_shared<Applier>(r.device,
+                                           c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(r.device)));
+    }
+    return delta::ApplyCuda(delta, delta_bytes, target, size, what, applier_->ws, applier_->stream.stream());
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    m.resize(std::min(m.size(), m.find('\n')));
+    return Internal(name() + ": applying a delta on cuda:" + std::to_string(r.device) + ": " + m);
+  }
+}
+#else
+struct InProcessWeights::Applier {};
+
+StatusOr<uint8_t*> InProcessWeights::AllocateInbox(const Region& r, uint64_t bytes) {
+  return WeightMemory::AllocateInbox(r, bytes);
+}
+void InProcessWeights::FreeInbox(const Region&, uint8_t*) {}
+Status InProcessWeights::ApplyDelta(const Region& r, const uint8_t* delta, uint64_t delta_bytes, uint8_t* target,
+                                    uint64_t size, const char* what) const {
+  return WeightMemory::ApplyDelta(r, delta, delta_bytes, target, size, what);
+}
+#endif
 
 void InProcessWeights::MarkFailed(uint64_t v) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -76,6 +76,14 @@ class InProcessWeights : public inference::WeightMemory {
   // kernels (where the extension is built with the CUDA toolkit; else read
   // back as Read does).
   Status Checksums(const std::vector<Range>& ranges, uint64_t* out) const override;
+  // Delta versions: a CUDA tensor's inbox is a cudaMalloc of its own on the
+  // tensor's GPU, and deltas are applied there by delta/codec_cuda.h's
+  // kernels on a stream of their own (where the extension is built with the
+  // CUDA toolkit; else Unimplemented, and CUDA tensors take full writes).
+  StatusOr<uint8_t*> AllocateInbox(const Region& r, uint64_t bytes) override;
+  void FreeInbox(const Region& r, uint8_t* inbox) override;
+  Status ApplyDelta(const Region& r, const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size,
+                    const char* what) const override;
   // Until complete_version() or failed_version() reaches v, Stop(), or
   // timeout.
   void WaitFor(uint64_t v, std::chrono::milliseconds timeout);
@@ -92,6 +100,9 @@ class InProcessWeights : public inference::WeightMemory {
   struct Hasher;  // the kernels' buffers and stream, made on first use
   mutable std::mutex hash_mu_;
   mutable std::shared_ptr<Hasher> hasher_;  // guarded by hash_mu_
+  struct Applier;  // the delta kernels' workspace and stream, made on first use
+  mutable std::mutex apply_mu_;
+  mutable std::shared_ptr<Applier> applier_;  // guarded by apply_mu_
 };
 
 class InferenceSession {

@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common/checksum_cuda.h"
+#include "delta/codec_cuda.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/fp8_cuda.h"
 #endif
@@ -283,6 +284,22 @@ class TorchCudaDevice : public DeviceOps {
       return nullptr;
     }).status();
   }
+
+  // delta/codec_cuda.h's kernels on the executor's stream, after the stages
+  // issued before; they wait for the stream themselves (the delta's length
+  // comes back to the host).
+  bool EncodesDeltas() const override { return true; }
+  StatusOr<delta::Encoded> EncodeDelta(uint8_t* base, const uint8_t* next, uint64_t size, uint32_t elem_bytes,
+                                       uint8_t* out, uint64_t capacity) override {
+    StatusOr<delta::Encoded> e = Internal("unreached");
+    Status ran = Run("delta encode", [&]() -> void* {
+      e = delta::EncodeAndAdvanceCuda(base, next, size, elem_bytes, out, capacity, delta_ws_,
+                                      c10::cuda::CUDAStream(stream_).stream());
+      return nullptr;
+    }).status();
+    if (!ran.ok()) return ran;
+    return e;
+  }
 #endif
 
   // Host staging: pinned memory of exactly the arena's size, copied into on
@@ -376,6 +393,7 @@ class TorchCudaDevice : public DeviceOps {
     if (!s.ok()) throw std::runtime_error(s.message());
   }
   DeviceChecksums checksums_;
+  delta::CudaWorkspace delta_ws_;  // this device's memory, reused by every encode
 #endif
 };
 

@@ -58,12 +58,12 @@ class InferenceAgent(SessionOwner):
     in pinned host memory, copied host-to-device once a version landed on
     every rank (shadow mode with the shadow in host memory; the log says
     so); "on" always does that, "off" refuses a transport without FI_HMEM.
-    delta=True: take delta versions (docs/DELTAS.md): an inbox of host
-    memory a third the size of the host tensors is registered beside them;
-    trainers with TrainerAgent(delta=True) write only what changed into it
-    where the controller says this rank holds the version they changed
-    from, and the changes are applied here before the version is complete
-    (GPU tensors take whole writes, so far).
+    delta=True: take delta versions (docs/DELTAS.md): an inbox a third the
+    size of the tensors is registered beside them (host memory, or GPU
+    memory on a GPU tensor's device); trainers with TrainerAgent(delta=True)
+    write only what changed into it where the controller says this rank
+    holds the version they changed from, and the changes are applied here
+    (on the GPU by a kernel) before the version is complete.
     """
 
     def __init__(self, tensors, controller, job, rank, provider="shm", instance=0, layout=None,

@@ -91,7 +91,8 @@ class TrainerAgent(SessionOwner):
     sent, counted against `watermark_bytes`, and send inference ranks made
     with InferenceAgent(delta=True) only what changed, where the controller
     (which fixes every --full-every K-th version whole) says they hold the
-    version it changed from. Host-memory pipelines only, so far.
+    version it changed from. On a GPU the copies are GPU memory and the
+    changes are found by a kernel.
     """
 
     def __init__(self, model, controller, job, provider="shm", watermark_bytes=1 << 30, timeout_s=300.0,

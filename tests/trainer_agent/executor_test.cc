@@ -3,6 +3,8 @@
 // Gloo, quantize, and write with real libfabric into 2 receivers' memory;
 // every destination byte is compared with a reference built by hand from the
 // full weights (tests/trainer_agent/update_fixture.cc).
+#include "delta/codec.h"
+#include "delta/inbox.h"
 #include "pipeline/box_pack.h"
 #include "pipeline/collectives.h"
 #include "pipeline/fp8.h"
@@ -135,7 +137,20 @@ class DeferredHostDevice : public DeviceOps {
       for (size_t i = 0; i < pieces.size(); ++i) hashes[i] = Checksum64(pieces[i].data, pieces[i].bytes);
     });
   }
+  // Delta versions: as the GPU's kernels (delta/codec_cuda.h), ordered
+  // after everything issued (the staged bytes must be final) and returning
+  // once the delta's length is known; the CPU codec does the encoding.
+  bool EncodesDeltas() const override { return encodes_deltas; }
+  StatusOr<delta::Encoded> EncodeDelta(uint8_t* base, const uint8_t* next, uint64_t size, uint32_t elem_bytes,
+                                       uint8_t* out, uint64_t capacity) override {
+    for (auto& op : queue_) op();
+    queue_.clear();
+    ++delta_encodes;
+    return delta::EncodeAndAdvance(base, next, size, elem_bytes, out, capacity);
+  }
   int synchronizes = 0;
+  int delta_encodes = 0;
+  bool encodes_deltas = true;
   int checksum_batches = 0;
   int host_allocations = 0;
   uint64_t copied_to_host = 0;
@@ -243,11 +258,12 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Runs version v on the given ranks (threads); returns each rank's result.
-  std::vector<StatusOr<VersionReport>> RunRanks(uint64_t v, const std::vector<int>& which) {
+  std::vector<StatusOr<VersionReport>> RunRanks(uint64_t v, const std::vector<int>& which,
+                                                const DeltaTarget* delta = nullptr) {
     std::vector<std::optional<StatusOr<VersionReport>>> out(kTrainers);
     std::vector<std::thread> threads;
     for (int r : which) {
-      threads.emplace_back([&, r] { out[r].emplace(ranks_[r]->executor->Run(v, *ranks_[r]->view)); });
+      threads.emplace_back([&, r] { out[r].emplace(ranks_[r]->executor->Run(v, *ranks_[r]->view, delta)); });
     }
     for (auto& t : threads) t.join();
     std::vector<StatusOr<VersionReport>> results;
@@ -258,12 +274,14 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Arms every receiver to count version v's immediates.
-  std::vector<std::future<Status>> ExpectVersion(uint64_t v, milliseconds timeout) {
+  // Without `fill` the receivers keep what they hold (delta versions apply
+  // onto it).
+  std::vector<std::future<Status>> ExpectVersion(uint64_t v, milliseconds timeout, bool fill = true) {
     std::vector<std::future<Status>> done;
     for (int i = 0; i < kInference; ++i) {
       auto promise = std::make_shared<std::promise<Status>>();
       done.push_back(promise->get_future());
-      std::fill(fixture_->targets[i].memory.begin(), fixture_->targets[i].memory.end(), testing::kFill);
+      if (fill) std::fill(fixture_->targets[i].memory.begin(), fixture_->targets[i].memory.end(), testing::kFill);
       Status s = fixture_->targets[i].engine->Expect(
           static_cast<uint32_t>(v), fixture_->expected_arrivals[i],
           [promise](const Status& st) { promise->set_value(st); }, Clock::now() + timeout);
@@ -415,13 +433,66 @@ class ExecutorTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // Delta versions: an inbox (delta/inbox.h) beside each receiver's region,
+  // registered with its engine and published in every plan as an inference
+  // agent with InferenceAgentOptions::deltas does.
+  struct Inbox {
+    std::vector<uint8_t> memory;
+    std::unique_ptr<transport::MemoryRegion> region;
+  };
+  void AddInboxes() {
+    for (int i = 0; i < kInference; ++i) {
+      Inbox inbox;
+      inbox.memory.assign(delta::InboxBytes(fixture_->region_bytes), 0);
+      auto mr = fixture_->targets[i].engine->Register(inbox.memory.data(), inbox.memory.size());
+      ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+      inbox.region = std::move(mr).value();
+      for (TrainerRankPlan& plan : fixture_->plans) {
+        for (InferencePeer& peer : plan.peers) {
+          if (peer.rank == i) peer.region_descriptors[delta::InboxRegionId("weights")] = inbox.region->descriptor().ToText();
+        }
+      }
+      inboxes_.push_back(std::move(inbox));
+    }
+  }
+  // What a receiver does at commit (InferenceAgent::ApplyDeltas): every
+  // write's slot stamped with v, applied by the CPU codec onto what it held
+  // (base). Returns the deltas applied.
+  uint64_t ApplyDeltas(int i, uint64_t v, uint64_t base) {
+    uint64_t applied = 0;
+    for (TrainerRankPlan plan : fixture_->plans) {
+      ExpandPlanes(&plan);
+      for (const RankMeshGroup& g : plan.groups) {
+        for (const RankSource& src : g.sources) {
+          for (const RankWrite& w : src.writes) {
+            if (w.dst_rank != i) continue;
+            const delta::Slot slot = delta::SlotOf(w.region_offset, w.bytes);
+            if (slot.bytes < delta::kSlotHeaderBytes) continue;
+            const uint8_t* at = inboxes_[i].memory.data() + slot.at;
+            delta::SlotHeader h;
+            if (!delta::ReadSlotHeader(at, &h) || h.version != v) continue;  // came whole
+            EXPECT_EQ(h.base, base) << w.dst_name;
+            EXPECT_LE(h.delta_bytes, slot.bytes - delta::kSlotHeaderBytes) << w.dst_name;
+            Status s = delta::Apply(at + delta::kSlotHeaderBytes, h.delta_bytes,
+                                    fixture_->targets[i].memory.data() + w.region_offset, w.bytes, w.dst_name.c_str());
+            EXPECT_TRUE(s.ok()) << s.ToString();
+            ++applied;
+          }
+        }
+      }
+    }
+    return applied;
+  }
+
   uint64_t min_shard_piece_ = 0;  // PlanOptions::min_shard_piece_bytes
   std::unique_ptr<testing::UpdateFixture> fixture_;
   std::unique_ptr<RendezvousStore> store_;
   std::vector<std::unique_ptr<TrainerRankUnderTest>> ranks_;
+  std::vector<Inbox> inboxes_;
 
   void TearDown() override {
     ranks_.clear();  // executors and engines before the receivers
+    inboxes_.clear();
     fixture_.reset();
   }
 };
@@ -533,6 +604,99 @@ TEST_P(ExecutorTest, DeviceStagesThatRunLateStillLandBitForBit) {
     if (HasFailure()) return;
   }
   for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->synchronizes, 0) << "rank " << r;
+}
+
+// Delta versions (ExecutorOptions::deltas) on the host and on the device
+// path (also staged through host memory): versions after the first change
+// about 1 element in 40 and their writes go as deltas into the receivers'
+// inbox slots, which the test applies as a receiver does at commit; every
+// byte must then be the reference's (computed from the full weights, never
+// from a delta). On the deferred device the copies are its memory, and an
+// encode or a header written before its stages ran would send stale bytes.
+TEST_P(ExecutorTest, DeltaVersionsLandBitForBit) {
+  AddInboxes();
+  if (HasFailure()) return;
+  // The first version's weights with elements i % 40 == v % 40 nudged.
+  auto drifted = [](uint64_t v) {
+    testing::FullWeights full = testing::MakeFullWeights(1);
+    for (auto& [name, values] : full) {
+      for (size_t i = v % 40; i < values.size(); i += 40) values[i] ^= 0x0003;
+    }
+    return full;
+  };
+  uint64_t v = 0;
+  for (const char* mode : {"host", "device", "device, host staging"}) {
+    SCOPED_TRACE(mode);
+    const bool on_device = std::string(mode) != "host";
+    Setup setup = Options(64 << 20);
+    setup.executor.deltas = true;
+    // Host staging: the engine sends the mirror, so a delta not copied
+    // there would send the mirror's filler.
+    setup.executor.stage_through_host = std::string(mode) == "device, host staging";
+    for (int r = 0; r < kTrainers; ++r) {
+      ASSERT_TRUE((on_device ? CreateDeviceExecutor(r, setup) : CreateExecutor(r, setup)).ok());
+      EXPECT_GT(ranks_[r]->executor->delta_copy_bytes(), 0u) << "rank " << r;
+    }
+    // The first version of each executor goes whole: it holds no copies yet.
+    for (int k = 0; k < 3; ++k) {
+      ++v;
+      const testing::FullWeights full = drifted(v);
+      PublishVersion(v, full);
+      auto landed = ExpectVersion(v, milliseconds(30000), /*fill=*/k == 0);
+      const DeltaTarget target{v - 1, {0, 1}};
+      std::vector<StatusOr<VersionReport>> results = RunRanks(v, {0, 1, 2, 3}, k == 0 ? nullptr : &target);
+      uint64_t deltas = 0, written = 0, whole = 0;
+      for (int r = 0; r < kTrainers; ++r) {
+        ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status().ToString();
+        deltas += results[r]->delta_writes;
+        written += results[r]->written_bytes;
+        whole += results[r]->write_bytes;
+        EXPECT_GT(results[r]->delta_copy_bytes, 0u);
+        if (k > 0) std::fprintf(stderr, "[rank %d] %s\n", r, results[r]->Summary().c_str());
+      }
+      uint64_t applied = 0;
+      for (int i = 0; i < kInference; ++i) {
+        Status s = landed[i].get();
+        ASSERT_TRUE(s.ok()) << "inference rank " << i << ": " << s.ToString();
+        applied += ApplyDeltas(i, v, v - 1);
+        const std::vector<uint8_t> want = testing::ExpectedRegion(i, full, fixture_->region_bytes);
+        const std::vector<uint8_t>& got = fixture_->targets[i].memory;
+        size_t bad = 0, first = 0;
+        for (size_t b = 0; b < want.size(); ++b) {
+          if (want[b] != got[b] && bad++ == 0) first = b;
+        }
+        ASSERT_EQ(bad, 0u) << "inference rank " << i << ", version " << v << ": first wrong byte at " << first;
+      }
+      EXPECT_EQ(applied, deltas) << "version " << v;
+      if (k == 0) {
+        EXPECT_EQ(deltas, 0u);
+      } else {
+        EXPECT_GT(deltas, 0u) << "version " << v;
+        EXPECT_LT(written, whole / 2) << "version " << v;
+      }
+    }
+    if (on_device) {
+      for (int r = 0; r < kTrainers; ++r) EXPECT_GT(ranks_[r]->device->delta_encodes, 0) << "rank " << r;
+    }
+    for (auto& rank : ranks_) rank->executor.reset();
+  }
+}
+
+// A device that cannot encode deltas sends every write whole and keeps no
+// copies, with deltas asked for.
+TEST_P(ExecutorTest, DeltasOnADeviceWithoutTheEncodeGoWhole) {
+  AddInboxes();
+  if (HasFailure()) return;
+  Setup setup = Options(64 << 20);
+  setup.executor.deltas = true;
+  for (int r = 0; r < kTrainers; ++r) {
+    ranks_[r]->device = std::make_unique<DeferredHostDevice>();
+    ranks_[r]->device->encodes_deltas = false;
+    setup.executor.device = ranks_[r]->device.get();
+    ASSERT_TRUE(CreateExecutor(r, setup).ok());
+    EXPECT_EQ(ranks_[r]->executor->delta_copy_bytes(), 0u);
+  }
+  for (const VersionReport& rep : UpdateAndVerify(1)) EXPECT_EQ(rep.delta_writes, 0u);
 }
 
 // Checksums (ExecutorOptions::checksums): one per write posted, of the

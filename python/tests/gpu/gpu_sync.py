@@ -6,10 +6,19 @@ Every version's bytes are checked on the CPU against plain torch
 (engine_layout.py / fp8_reference.py), apart from wsync's code. Not part of
 CI (no GPU there).
 
-    python python/tests/gpu/gpu_sync.py job --wsync PATH/wsync [--layers 4] [--versions 3]
+    python python/tests/gpu/gpu_sync.py job --wsync PATH/wsync [--layers 4] [--versions 3] [--delta]
 
 Prints one line per version (update seconds, GB/s, stages, peak device
 memory against the watermark) and exits non-zero on any mismatch.
+
+--delta: delta versions (docs/DELTAS.md) on the GPU: TrainerAgent(delta=True)
+and InferenceAgent(delta=True), and each version is a real AdamW step at a
+small lr (a language-model loss on fixed random tokens), so most bytes stay
+as they were and versions after the first go as deltas. Per version the
+trainer prints the writes sent as deltas, bytes on the wire against whole,
+and the delta stage beside a device-to-device copy of the same bytes in the
+same run; the engines print the deltas applied and their time; every byte
+is still checked against plain torch.
 """
 
 import argparse
@@ -104,6 +113,48 @@ def pinned_copy_seconds(total, to_device):
     return best
 
 
+def device_copy_seconds(total):
+    """Best of 3: `total` bytes device-to-device by a plain torch copy (in
+    pieces of at most 1 GiB)."""
+    import torch
+    piece = max(1, min(total, 1 << 30))
+    src = torch.ones(piece, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    best = None
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        left = total
+        while left > 0:
+            n = min(piece, left)
+            dst[:n].copy_(src[:n])
+            left -= n
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        best = t if best is None else min(best, t)
+    return best
+
+
+class AdamWStep:
+    """--delta: a real optimizer step, AdamW at a small lr on the bf16
+    parameters, with a language-model loss on fixed random tokens: most
+    bf16 elements round back to what they were, the rest move a little."""
+
+    def __init__(self, model, config, device, lr):
+        import torch
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        gen = torch.Generator(device="cpu").manual_seed(11)
+        self.tokens = torch.randint(0, config.vocab_size, (1, 64), generator=gen).to(device)
+
+    def __call__(self):
+        out = self.model(input_ids=self.tokens, labels=self.tokens)
+        out.loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(out.loss)
+
+
 def trainer(args):
     import torch
     import torch.distributed as dist
@@ -132,17 +183,22 @@ def trainer(args):
         return sidecar_trainer(args, model, shard_device)
     sync = wsync.TrainerAgent(model, controller=args.controller, job="gpu", watermark_bytes=args.watermark_mb << 20,
                               timeout_s=args.timeout, checksums=args.checksums,
-                              device="cuda:0" if args.offload else None, staging=args.staging)
+                              device="cuda:0" if args.offload else None, staging=args.staging, delta=args.delta)
     print(f"trainer: writes {'through pinned host memory (host staging)' if sync.describe()['host_staging'] else 'straight from GPU memory'}",
           flush=True)
     gen = torch.Generator(device=shard_device).manual_seed(7)
+    adamw = AdamWStep(model, config, shard_device, args.lr) if args.delta else None
     updates, replays = [], []
     for v in range(1, args.versions + 1):
-        with torch.no_grad():  # a stand-in optimizer step: every weight changes
-            for p in model.parameters():
-                p = p.to_local() if hasattr(p, "to_local") else p
-                p.add_(torch.randn(p.shape, generator=gen, device=shard_device, dtype=torch.float32).to(p.dtype),
-                       alpha=0.01)
+        if adamw is not None:
+            loss = adamw()
+            print(f"trainer: version {v}: AdamW step at lr {args.lr:g}, loss {loss:.4f}", flush=True)
+        else:
+            with torch.no_grad():  # a stand-in optimizer step: every weight changes
+                for p in model.parameters():
+                    p = p.to_local() if hasattr(p, "to_local") else p
+                    p.add_(torch.randn(p.shape, generator=gen, device=shard_device, dtype=torch.float32).to(p.dtype),
+                           alpha=0.01)
         torch.cuda.synchronize()
         free_before, total = torch.cuda.mem_get_info()
         torch.cuda.reset_peak_memory_stats()
@@ -177,12 +233,14 @@ def trainer(args):
         with open(os.path.join(args.work, f"trainer-v{v}.json"), "w") as f:
             json.dump(report, f)
         print(f"trainer: version {v}: {json.dumps(report)}", flush=True)
+        if args.delta:
+            delta_line(v, report)
         for r in range(2):  # each engine checks what it got; a wrong version ends the run
             done = wait_any([os.path.join(args.work, f"engine-{r}-v{v}.{x}") for x in ("done", "bad")], args.timeout)
             if done.endswith(".bad"):
                 sys.exit(f"trainer: engine {r} got wrong bytes in version {v}")
         updates.append(report["stages"]["total"])
-        if v < args.versions:
+        if v < args.versions and not args.delta:  # a replay would leave the engines off the version deltas build on
             # The engine alone on the same writes (the next version restores
             # the bytes this leaves behind); best of two.
             replay = min((sync.replay_writes() for _ in range(2)), key=lambda r: r["stages"]["total"])
@@ -215,6 +273,24 @@ def trainer(args):
               flush=True)
     sync.close()
     dist.destroy_process_group()
+
+
+def delta_line(v, report):
+    """--delta: what went as deltas in this version, and the delta stage
+    (finding the changes, encoding, advancing the copies: every write with a
+    copy) in ms per GB of those writes' bytes, beside a device-to-device copy
+    of the same bytes by torch in this run."""
+    copies = report["delta_copy_bytes"]
+    delta_s = report["stages"]["delta"]
+    line = (f"trainer: DELTA version {v}: {report['delta_writes']} of {report['writes']} writes as deltas, "
+            f"{report['written_bytes'] / 1e6:.2f} MB on the wire for {report['write_bytes'] / 1e6:.2f} MB whole "
+            f"({100.0 * report['written_bytes'] / max(report['write_bytes'], 1):.2f}%); copies {copies / 1e6:.1f} MB")
+    if copies > 0 and delta_s > 0:
+        copy_s = device_copy_seconds(copies)
+        line += (f"; delta stage {delta_s * 1e3:.2f} ms ({delta_s * 1e3 / (copies / 1e9):.2f} ms/GB of the writes with "
+                 f"copies), a device-to-device copy of the same bytes {copy_s * 1e3:.2f} ms "
+                 f"({copy_s * 1e3 / (copies / 1e9):.3f} ms/GB; stage/copy {delta_s / copy_s:.1f}x)")
+    print(line, flush=True)
 
 
 def step(model, gen, device):
@@ -254,16 +330,20 @@ def sidecar_trainer(args, model, shard_device):
     agent = subprocess.Popen([args.wsync, "trainer-agent", "--controller", args.controller, "--rank", "0",
                               "--layout", exporter.layout_path, "--job", "gpu", "--cuda-ipc", exporter.cuda_ipc_path,
                               "--staging", args.staging, "--watermark", str(args.watermark_mb << 20),
-                              *(["--checksums"] if args.checksums else [])],
+                              *(["--checksums"] if args.checksums else []), *(["--delta"] if args.delta else [])],
                              stdout=subprocess.PIPE, stderr=log)
     if agent.stdout.readline().decode().strip() != "ready":
         agent.wait(timeout=30)
         with open(os.path.join(args.work, "trainer-agent.log")) as f:
             sys.exit(f"trainer: `wsync trainer-agent --cuda-ipc` did not start:\n{f.read()[-3000:]}")
     gen = torch.Generator(device=shard_device).manual_seed(7)
+    adamw = AdamWStep(model, llama3_8b_config(args.layers), shard_device, args.lr) if args.delta else None
     try:
         for v in range(1, args.versions + 1):
-            step(model, gen, shard_device)
+            if adamw is not None:
+                print(f"trainer: version {v}: AdamW step at lr {args.lr:g}, loss {adamw():.4f}", flush=True)
+            else:
+                step(model, gen, shard_device)
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             exporter.publish(v)
@@ -277,7 +357,11 @@ def sidecar_trainer(args, model, shard_device):
         agent.terminate()
         agent.wait(timeout=30)
         with open(os.path.join(args.work, "trainer-agent.log")) as f:
-            print("trainer: --- trainer-agent.log (last lines)\n" + "\n".join(f.read().splitlines()[-20:]), flush=True)
+            lines = f.read().splitlines()
+        for line in lines:  # the agent's report of each version's deltas
+            if "; deltas: " in line:
+                print("trainer: DELTA (trainer-agent) " + line[line.index("version "):], flush=True)
+        print("trainer: --- trainer-agent.log (last lines)\n" + "\n".join(lines[-20:]), flush=True)
     dist.destroy_process_group()
 
 
@@ -304,7 +388,7 @@ def engine(args):
     else:
         agent = wsync.InferenceAgent(tensors, controller=args.controller, job="gpu", rank=args.rank, instance=0,
                                      layout=layout, timeout_s=args.timeout, verify_checksums=args.checksums,
-                                     shadow=args.shadow, staging=args.staging, paced=args.paced)
+                                     shadow=args.shadow, staging=args.staging, paced=args.paced, delta=args.delta)
         print(f"engine {args.rank}: {len(tensors)} tensors, {nbytes / 2**30:.2f} GiB on cuda:0, registered; the writes "
               f"land {'in pinned host memory (host staging)' if agent.staged else 'in GPU memory'}", flush=True)
     with agent:
@@ -400,7 +484,8 @@ def sidecar_engine(args, tensors, layout):
     p = subprocess.Popen([args.wsync, "inference-agent", "--controller", args.controller, "--rank", str(args.rank),
                           "--layout", spec, "--cuda-ipc", ipc, "--job", "gpu",
                           "--version-timeout", str(int(args.timeout)), "--staging", args.staging,
-                          *(["--shadow"] if args.shadow else [])], stdout=subprocess.PIPE, stderr=log)
+                          *(["--shadow"] if args.shadow else []), *(["--delta"] if args.delta else [])],
+                         stdout=subprocess.PIPE, stderr=log)
     line = p.stdout.readline().decode().strip()
     if line != "ready":
         p.wait(timeout=30)
@@ -444,7 +529,7 @@ def job(args):
               "--staging", args.staging, *(["--sidecar"] if args.sidecar else []),
               *(["--trainer-sidecar"] if args.trainer_sidecar else []),
               *(["--checksums"] if args.checksums else []), *(["--shadow"] if args.shadow else []),
-              *(["--paced"] if args.paced else [])]
+              *(["--paced"] if args.paced else []), *(["--delta", "--lr", str(args.lr)] if args.delta else [])]
     me = os.path.abspath(__file__)
     engines = [start(f"engine{r}", [sys.executable, me, "engine", "--rank", str(r), *common]) for r in range(2)]
     port = 29500 + secrets.randbelow(1000)
@@ -475,9 +560,16 @@ def job(args):
         with open(os.path.join(args.work, f"{name}.log")) as f:
             lines = f.read().splitlines()
         for line in lines:  # the agents' own verification before each version completes
-            if "checksums verified in" in line:
+            if "checksums verified in" in line or "deltas applied in" in line:
                 print(f"{name}: {line.strip()}", flush=True)
         print(f"--- {name}.log (last lines)\n" + "\n".join(lines[-25:]), flush=True)
+    for r in range(2):  # the inference sidecars' own logs (--sidecar)
+        path = os.path.join(args.work, f"agent{r}.log")
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    if "deltas applied in" in line or "checksums verified in" in line:
+                        print(f"agent{r}: {line.strip()}", flush=True)
     print(f"job: {'PASS' if rc == 0 else 'FAIL'}", flush=True)
     return rc
 
@@ -491,7 +583,9 @@ def main():
     ap.add_argument("--work", default="/tmp/wsync-gpu-sync")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--versions", type=int, default=3)
-    ap.add_argument("--watermark-mb", type=int, default=2048)
+    ap.add_argument("--watermark-mb", type=int, default=None,
+                    help="the trainer's watermark; 2048 MB, or with --delta 12288 MB (packed writes with their delta "
+                         "slots and the copies of what was sent need more)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="torch.profiler over the trainer's last version")
     ap.add_argument("--checksums", action="store_true",
@@ -507,7 +601,12 @@ def main():
                     help="engines export their tensors by CUDA IPC to `wsync inference-agent --cuda-ipc` processes")
     ap.add_argument("--offload", action="store_true",
                     help="FSDP2 CPUOffloadPolicy: shards in pinned host memory, TrainerAgent(device='cuda:0')")
+    ap.add_argument("--delta", action="store_true",
+                    help="delta versions: TrainerAgent/InferenceAgent(delta=True), each version a real AdamW step")
+    ap.add_argument("--lr", type=float, default=1e-5, help="--delta: the AdamW step's learning rate")
     args = ap.parse_args()
+    if args.watermark_mb is None:
+        args.watermark_mb = 12288 if args.delta else 2048
     if args.role == "job":
         sys.exit(job(args))
     (trainer if args.role == "trainer" else engine)(args)
