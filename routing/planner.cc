@@ -1,6 +1,7 @@
 #include "routing/planner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <tuple>
 #include <unordered_map>
@@ -88,16 +89,31 @@ class Planner {
 };
 
 Status Planner::Run(RoutingTable* table) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto stage = [&](const char* name) {
+    if (opt_.stage_seconds == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    opt_.stage_seconds->emplace_back(name, std::chrono::duration<double>(now - t0).count());
+    t0 = now;
+  };
   if (opt_.validate) {
     WSYNC_RETURN_IF_ERROR(ValidateTrainerSpec(trainer_, opt_.trainer_source));
     WSYNC_RETURN_IF_ERROR(ValidateInferenceSpec(inference_, opt_.inference_source));
     WSYNC_RETURN_IF_ERROR(ValidateMapping(mapping_, opt_.mapping_source));
+    stage("validate");
   }
   WSYNC_RETURN_IF_ERROR(BuildSources(table));
+  stage("sources");
   WSYNC_RETURN_IF_ERROR(BuildJobs(table));
+  stage("jobs");
   Assign(*table);
+  stage("assign");
   EmitOps(table);
-  if (opt_.exchange) RecordNeeds(table);
+  stage("ops");
+  if (opt_.exchange) {
+    RecordNeeds(table);
+    stage("needs");
+  }
   for (const TrainerRank& r : trainer_.ranks) table->trainer_endpoints.push_back({r.host, r.gpu, r.nic});
   for (const InferenceRank& r : inference_.ranks)
     table->inference_endpoints.push_back({r.host, r.gpu, r.nic});

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "routing/metadata.h"
@@ -44,6 +46,8 @@ struct PlanOptions {
   // work; at 50 GB/s (a 400 Gb/s NIC) that is ~100 KB of wire time, so a
   // smaller part costs more as a write of its own than as rows gathered.
   uint64_t min_shard_piece_bytes = 128 << 10;
+  // If set, the seconds each planning stage took, in order (bench plan).
+  std::vector<std::pair<std::string, double>>* stage_seconds = nullptr;
 };
 
 StatusOr<RoutingTable> Plan(const TrainerSpec& trainer, const InferenceSpec& inference,
