@@ -224,7 +224,6 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
     for (size_t g = 0; g < num_groups; ++g) group_of.emplace(table.mesh_groups[g].name, g);
     for (auto* v : {&g_gather, &g_gather_nic, &g_calls})
       for (auto& per_rank : *v) std::fill(per_rank.begin(), per_rank.end(), 0.0);
-    const auto host = [&](int32_t r) -> const std::string& { return table.trainer_endpoints[r].host; };
     // What each host receives from each peer of another host, per source
     // (a group's sources are in the same order on all its ranks).
     struct Into {
@@ -263,7 +262,7 @@ StatusOr<PlanSummary> SummarizeImpl(const RoutingTable& table, const LinkModel& 
             const auto in = static_cast<double>(UnshardBytesFrom(src, i));
             const auto out = static_cast<double>(UnshardBytesTo(src, i, mine));
             s.exchange_bytes += static_cast<uint64_t>(in);
-            if (host(peer) == host(me)) {
+            if (host_of[peer] == host_of[me]) {
               g_gather[g][me] += in;
             } else {
               Box piece = src.held;
