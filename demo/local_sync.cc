@@ -290,8 +290,9 @@ StatusOr<UpdateReport> LocalSync::Update(uint64_t version) {
   WSYNC_ASSIGN_OR_RETURN(controller::VersionStatus v, WaitVersion(version, options_.version_timeout_s + 30));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   // Trainer reports (with their stage times) may trail the last inference
-  // report that completed the version by a moment.
-  for (int i = 0; i < 40 && v.complete() && v.trainer_done.size() < exports_.size(); ++i) {
+  // report that completed the version by a moment, more on a loaded
+  // machine (2 s was seen too short under ctest -j2).
+  for (int i = 0; i < 200 && v.complete() && v.trainer_done.size() < exports_.size(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     StatusOr<controller::VersionStatus> again = client_->GetVersion(version);
     if (again.ok()) v = *again;
