@@ -153,6 +153,18 @@ def load(job, name):
     return torch.load(os.path.join(job.out, name), weights_only=False)
 
 
+def assert_engine_holds(job, rank, v, want, what):
+    """Engine `rank` saved exactly `want` ({name: tensor}) for version v,
+    byte for byte."""
+    got = load(job, f"engine-{rank}-v{v}.pt")["tensors"]
+    assert set(got) == set(want)
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), \
+            f"engine rank {rank} version {v}: '{name}' differs from {what}"
+
+
 def print_figures(job, label):
     rows = []
     for v in range(1, STEPS + 1):
@@ -286,13 +298,7 @@ def test_fused_fp8_engine_layout_matches_plain_torch_quantization(job, ep):
         t = load(j, f"trainer-v{v}.pt")
         want, _ = engine_layout.engine_layout(t["state"], config, tp=2, ep=ep)
         for r in range(ENGINES):
-            got = load(j, f"engine-{r}-v{v}.pt")["tensors"]
-            assert set(got) == set(want[r])
-            for name, w in want[r].items():
-                g = got[name]
-                assert g.dtype == w.dtype and g.shape == w.shape, name
-                assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), \
-                    f"engine rank {r} version {v}: '{name}' differs from torch's own quantization"
+            assert_engine_holds(j, r, v, want[r], "torch's own quantization")
 
 
 DELTA_VERSIONS = 10
@@ -336,13 +342,7 @@ def test_delta_versions_of_real_adamw_steps_land_bit_for_bit(job, model, lr):
             want = engine_layout.engine_layout(state, config, tp=2, ep=1,
                                                dtype="bf16" if dtype == "bf16" else "fp8_e4m3")[0]
             for tp_rank, r in enumerate(ranks):
-                got = load(j, f"engine-{r}-v{v}.pt")["tensors"]
-                assert set(got) == set(want[tp_rank])
-                for name, w in want[tp_rank].items():
-                    g = got[name]
-                    assert g.dtype == w.dtype and g.shape == w.shape, name
-                    assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), \
-                        f"{dtype} engine rank {r} version {v}: '{name}' differs from plain torch's engine layout"
+                assert_engine_holds(j, r, v, want[tp_rank], f"plain torch's {dtype} engine layout")
             st = [got_stats[str(r)] for r in ranks]
             wire, whole = sum(s["wire_bytes"] for s in st), sum(s["write_bytes"] for s in st)
             fractions[dtype].append(wire / whole)

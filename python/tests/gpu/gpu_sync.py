@@ -90,14 +90,11 @@ def describe_difference(got, want):
     return f"{diff.numel()} of {g.numel()} bytes differ, first at byte {first}, {poison} of them still poison"
 
 
-def pinned_copy_seconds(total, to_device):
-    """Best of 3: `total` bytes between pinned host memory and the GPU by
-    plain torch copies (in pieces of at most 1 GiB), one direction."""
+def best_copy_seconds(total, dst, src):
+    """Best of 3: `total` bytes from `src` into `dst` (uint8 tensors of one
+    piece, reused) by plain torch copies."""
     import torch
-    piece = min(total, 1 << 30)
-    host = torch.ones(piece, dtype=torch.uint8, pin_memory=True)
-    dev = torch.ones(piece, dtype=torch.uint8, device="cuda")
-    dst, src = (dev, host) if to_device else (host, dev)
+    piece = dst.numel()
     best = None
     for _ in range(3):
         torch.cuda.synchronize()
@@ -113,26 +110,22 @@ def pinned_copy_seconds(total, to_device):
     return best
 
 
+def pinned_copy_seconds(total, to_device):
+    """`total` bytes between pinned host memory and the GPU, one direction
+    (pieces of at most 1 GiB)."""
+    import torch
+    piece = min(total, 1 << 30)
+    host = torch.ones(piece, dtype=torch.uint8, pin_memory=True)
+    dev = torch.ones(piece, dtype=torch.uint8, device="cuda")
+    return best_copy_seconds(total, dev, host) if to_device else best_copy_seconds(total, host, dev)
+
+
 def device_copy_seconds(total):
-    """Best of 3: `total` bytes device-to-device by a plain torch copy (in
-    pieces of at most 1 GiB)."""
+    """`total` bytes device-to-device (pieces of at most 1 GiB)."""
     import torch
     piece = max(1, min(total, 1 << 30))
     src = torch.ones(piece, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    best = None
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        left = total
-        while left > 0:
-            n = min(piece, left)
-            dst[:n].copy_(src[:n])
-            left -= n
-        torch.cuda.synchronize()
-        t = time.perf_counter() - t0
-        best = t if best is None else min(best, t)
-    return best
+    return best_copy_seconds(total, torch.empty_like(src), src)
 
 
 class AdamWStep:
