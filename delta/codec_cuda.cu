@@ -245,80 +245,43 @@ Status CudaWorkspace::Reserve(uint64_t chunks) {
 
 StatusOr<Encoded> EncodeAndAdvanceCuda(uint8_t* base, const uint8_t* next, uint64_t size, uint32_t elem_bytes,
                                        uint8_t* out, uint64_t capacity, CudaWorkspace& ws, cudaStream_t stream) {
-  const EncodeJob job{base, next, size, elem_bytes, out, capacity};
+  if ((elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4) || size % elem_bytes != 0) {
+    return InvalidArgument("delta encode: " + std::to_string(size) + " bytes are not whole elements of " +
+                           std::to_string(elem_bytes) + " bytes (1, 2 or 4)");
+  }
+  if (!Aligned16(base) || !Aligned16(next) || !Aligned16(out)) {
+    return InvalidArgument("delta encode on the GPU: base, next and out must be 16-byte aligned");
+  }
+  const uint64_t elements = size / elem_bytes;
+  const uint64_t chunks = (elements + kChunkElements - 1) / kChunkElements;
   Encoded r;
-  WSYNC_RETURN_IF_ERROR(EncodeAndAdvanceCudaBatch(&job, 1, &r, ws, stream));
+  if (chunks == 0) return r;
+  WSYNC_RETURN_IF_ERROR(ws.Reserve(chunks));
+  CountKernel<<<chunks, kThreads, 0, stream>>>(base, next, elements, elem_bytes, ws.counts);
+  std::vector<uint32_t> counts(chunks);
+  DELTA_CUDA(cudaMemcpyAsync(counts.data(), ws.counts, chunks * 4, cudaMemcpyDeviceToHost, stream), "counts");
+  DELTA_CUDA(cudaStreamSynchronize(stream), "count kernel");
+  const Layout l = LayoutOf(elements, elem_bytes, std::move(counts));
+  r.changes = l.changes;
+  if (l.bytes > capacity) {  // sent whole: base still becomes next
+    DELTA_CUDA(cudaMemcpyAsync(base, next, size, cudaMemcpyDeviceToDevice, stream), "advance");
+    DELTA_CUDA(cudaStreamSynchronize(stream), "advance");
+    return r;
+  }
+  std::vector<uint8_t> head(HeadBytes(elements));
+  WriteHead(l, head.data());
+  DELTA_CUDA(cudaMemcpyAsync(out, head.data(), head.size(), cudaMemcpyHostToDevice, stream), "head");
+  const uint64_t pad_at = l.where_at[chunks - 1] + l.where_bytes(chunks - 1);
+  if (l.values_at > pad_at) DELTA_CUDA(cudaMemsetAsync(out + pad_at, 0, l.values_at - pad_at, stream), "pad");
+  DELTA_CUDA(cudaMemcpyAsync(ws.where_at, l.where_at.data(), chunks * 8, cudaMemcpyHostToDevice, stream), "offsets");
+  DELTA_CUDA(cudaMemcpyAsync(ws.values_at, l.first_value.data(), chunks * 8, cudaMemcpyHostToDevice, stream),
+             "offsets");
+  WriteKernel<<<chunks, kThreads, 0, stream>>>(base, next, elements, elem_bytes, out, ws.counts, ws.where_at,
+                                               ws.values_at, l.values_at);
+  DELTA_CUDA(cudaStreamSynchronize(stream), "write kernel");
+  r.fits = true;
+  r.bytes = l.bytes;
   return r;
-}
-
-Status EncodeAndAdvanceCudaBatch(const EncodeJob* jobs, size_t n, Encoded* results, CudaWorkspace& ws,
-                                 cudaStream_t stream) {
-  // Each job's chunks, back to back in the workspace.
-  std::vector<uint64_t> first(n + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const EncodeJob& j = jobs[i];
-    if ((j.elem_bytes != 1 && j.elem_bytes != 2 && j.elem_bytes != 4) || j.size % j.elem_bytes != 0) {
-      return InvalidArgument("delta encode: " + std::to_string(j.size) + " bytes are not whole elements of " +
-                             std::to_string(j.elem_bytes) + " bytes (1, 2 or 4)");
-    }
-    if (!Aligned16(j.base) || !Aligned16(j.next) || !Aligned16(j.out)) {
-      return InvalidArgument("delta encode on the GPU: base, next and out must be 16-byte aligned");
-    }
-    results[i] = Encoded{};
-    first[i + 1] = first[i] + (j.size / j.elem_bytes + kChunkElements - 1) / kChunkElements;
-  }
-  const uint64_t total = first[n];
-  if (total == 0) return Status::Ok();
-  WSYNC_RETURN_IF_ERROR(ws.Reserve(total));
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t chunks = first[i + 1] - first[i];
-    if (chunks == 0) continue;
-    CountKernel<<<chunks, kThreads, 0, stream>>>(jobs[i].base, jobs[i].next, jobs[i].size / jobs[i].elem_bytes,
-                                                 jobs[i].elem_bytes, ws.counts + first[i]);
-  }
-  std::vector<uint32_t> counts(total);
-  DELTA_CUDA(cudaMemcpyAsync(counts.data(), ws.counts, total * 4, cudaMemcpyDeviceToHost, stream), "counts");
-  DELTA_CUDA(cudaStreamSynchronize(stream), "count kernels");
-  // Where each chunk's where-area and values go, for every job at once.
-  std::vector<uint64_t> where_at(total), first_value(total);
-  std::vector<std::vector<uint8_t>> heads(n);  // alive until the copies below are done
-  std::vector<uint64_t> values_at(n, 0);
-  std::vector<bool> fits(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    const EncodeJob& j = jobs[i];
-    const uint64_t chunks = first[i + 1] - first[i];
-    if (chunks == 0) continue;
-    const uint64_t elements = j.size / j.elem_bytes;
-    const Layout l = LayoutOf(elements, j.elem_bytes,
-                              std::vector<uint32_t>(counts.begin() + first[i], counts.begin() + first[i + 1]));
-    results[i].changes = l.changes;
-    if (l.bytes > j.capacity) {  // sent whole: base still becomes next
-      DELTA_CUDA(cudaMemcpyAsync(j.base, j.next, j.size, cudaMemcpyDeviceToDevice, stream), "advance");
-      continue;
-    }
-    fits[i] = true;
-    results[i].bytes = l.bytes;
-    values_at[i] = l.values_at;
-    heads[i].resize(HeadBytes(elements));
-    WriteHead(l, heads[i].data());
-    DELTA_CUDA(cudaMemcpyAsync(j.out, heads[i].data(), heads[i].size(), cudaMemcpyHostToDevice, stream), "head");
-    const uint64_t pad_at = l.where_at[chunks - 1] + l.where_bytes(chunks - 1);
-    if (l.values_at > pad_at) DELTA_CUDA(cudaMemsetAsync(j.out + pad_at, 0, l.values_at - pad_at, stream), "pad");
-    std::copy(l.where_at.begin(), l.where_at.end(), where_at.begin() + first[i]);
-    std::copy(l.first_value.begin(), l.first_value.end(), first_value.begin() + first[i]);
-  }
-  DELTA_CUDA(cudaMemcpyAsync(ws.where_at, where_at.data(), total * 8, cudaMemcpyHostToDevice, stream), "offsets");
-  DELTA_CUDA(cudaMemcpyAsync(ws.values_at, first_value.data(), total * 8, cudaMemcpyHostToDevice, stream), "offsets");
-  for (size_t i = 0; i < n; ++i) {
-    if (!fits[i]) continue;
-    const uint64_t chunks = first[i + 1] - first[i];
-    WriteKernel<<<chunks, kThreads, 0, stream>>>(jobs[i].base, jobs[i].next, jobs[i].size / jobs[i].elem_bytes,
-                                                 jobs[i].elem_bytes, jobs[i].out, ws.counts + first[i],
-                                                 ws.where_at + first[i], ws.values_at + first[i], values_at[i]);
-  }
-  DELTA_CUDA(cudaStreamSynchronize(stream), "write kernels");
-  for (size_t i = 0; i < n; ++i) results[i].fits = fits[i];
-  return Status::Ok();
 }
 
 Status ApplyCuda(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size, const char* what,

@@ -48,25 +48,6 @@ class CudaWorkspace {
 StatusOr<Encoded> EncodeAndAdvanceCuda(uint8_t* base, const uint8_t* next, uint64_t size, uint32_t elem_bytes,
                                        uint8_t* out, uint64_t capacity, CudaWorkspace& ws, cudaStream_t stream);
 
-// One EncodeAndAdvanceCuda's arguments.
-struct EncodeJob {
-  uint8_t* base = nullptr;
-  const uint8_t* next = nullptr;
-  uint64_t size = 0;
-  uint32_t elem_bytes = 1;
-  uint8_t* out = nullptr;
-  uint64_t capacity = 0;
-};
-
-// Every job's EncodeAndAdvanceCuda with two waits in all, not two per job:
-// every counting pass, then the counts back at once; every writing pass
-// (or the advance, for a delta that does not fit), then one wait. A
-// trainer's writes are many and mostly small, and the waits, not the
-// kernels, were most of its delta stage. `results[i]` is job i's; on an
-// error no result is meaningful and the bases are unknown.
-Status EncodeAndAdvanceCudaBatch(const EncodeJob* jobs, size_t n, Encoded* results, CudaWorkspace& ws,
-                                 cudaStream_t stream);
-
 // Apply of a delta in device memory onto a device target.
 Status ApplyCuda(const uint8_t* delta, uint64_t delta_bytes, uint8_t* target, uint64_t size, const char* what,
                  CudaWorkspace& ws, cudaStream_t stream);

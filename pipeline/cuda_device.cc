@@ -193,13 +193,6 @@ class CudaDevice : public DeviceOps {
     WSYNC_RETURN_IF_ERROR(Check("delta encode", [] { return cudaSuccess; }));  // this device current
     return delta::EncodeAndAdvanceCuda(base, next, size, elem_bytes, out, capacity, delta_ws_, stream_);
   }
-  Status EncodeDeltas(const DeltaJob* jobs, size_t n, delta::Encoded* results) override {
-    WSYNC_RETURN_IF_ERROR(Check("delta encode", [] { return cudaSuccess; }));
-    std::vector<delta::EncodeJob> batch(n);
-    for (size_t i = 0; i < n; ++i)
-      batch[i] = {jobs[i].base, jobs[i].next, jobs[i].size, jobs[i].elem_bytes, jobs[i].out, jobs[i].capacity};
-    return delta::EncodeAndAdvanceCudaBatch(batch.data(), n, results, delta_ws_, stream_);
-  }
 
   Status ReadBack(void* host, const void* src, uint64_t bytes) override {
     return Check("read back", [&] {

@@ -117,24 +117,6 @@ class DeviceOps {
     (void)base, (void)next, (void)size, (void)elem_bytes, (void)out, (void)capacity;
     return Unimplemented(name() + ": no delta encode on this device");
   }
-  // Many EncodeDelta at once (the writes of the sources a device wait made
-  // final), returning once every result is known; a device that waits once
-  // for all of them overrides it. On an error the bases are unknown.
-  struct DeltaJob {
-    uint8_t* base;
-    const uint8_t* next;
-    uint64_t size;
-    uint32_t elem_bytes;
-    uint8_t* out;
-    uint64_t capacity;
-  };
-  virtual Status EncodeDeltas(const DeltaJob* jobs, size_t n, delta::Encoded* results) {
-    for (size_t i = 0; i < n; ++i) {
-      const DeltaJob& j = jobs[i];
-      WSYNC_ASSIGN_OR_RETURN(results[i], EncodeDelta(j.base, j.next, j.size, j.elem_bytes, j.out, j.capacity));
-    }
-    return Status::Ok();
-  }
 
   // Host staging. Page-locked host memory (the arena's mirror), so that
   // copies into it run asynchronously; freed by FreeHost.

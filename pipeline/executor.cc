@@ -152,9 +152,7 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
       t.checksum += std::chrono::duration<double>(*t0 - tc).count();
     }
     uint64_t delta_length = 0;
-    if (auto done = encoded.find(&ww); done != encoded.end()) {  // encoded in a batch on the device
-      delta_length = done->second;
-    } else if (imm.has_value() && ww.copy >= 0) {
+    if (imm.has_value() && ww.copy >= 0) {
       const auto td = Clock::now();
       t.quantize_pack += std::chrono::duration<double>(td - *t0).count();
       const bool as_delta = EncodeDelta(sw, ww, &delta_length);
@@ -205,33 +203,27 @@ void PlanExecutor::Impl::PostWrites(SourceWork& sw, std::optional<uint32_t> imm,
   }
 }
 
-bool PlanExecutor::Impl::DeltaWanted(const WriteWork& ww) const {
-  const DeltaCopy& c = copies[static_cast<size_t>(ww.copy)];
-  return run_delta != nullptr && c.holds == run_delta->base &&
-         std::find(run_delta->ranks.begin(), run_delta->ranks.end(), ww.write->dst_rank) != run_delta->ranks.end();
-}
-
-bool PlanExecutor::Impl::DeltaFailed(SourceWork& sw, const WriteWork& ww, const Status& s) {
-  copies[static_cast<size_t>(ww.copy)].holds = ~0ull;  // a device error: this copy is unknown, the version fails
-  RecordError(s.WithContext(WriteWhere(sw, *ww.write) + ": delta on " + options.device->name()));
-  return false;
-}
-
 bool PlanExecutor::Impl::EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length) {
   DeltaCopy& c = copies[static_cast<size_t>(ww.copy)];
   const RankWrite& w = *ww.write;
   DeviceOps* device = options.device;
   uint8_t* next = arena->data() + sw.chunk + ww.staging_at;
   uint8_t* copy = copy_memory.get() + c.at;
-  const bool wanted = DeltaWanted(ww);
+  const bool wanted = run_delta != nullptr && c.holds == run_delta->base &&
+                      std::find(run_delta->ranks.begin(), run_delta->ranks.end(), w.dst_rank) != run_delta->ranks.end();
   c.holds = run_version;
+  auto failed = [&](const Status& s) {  // a device error: this copy is unknown, the version fails
+    c.holds = ~0ull;
+    RecordError(s.WithContext(WriteWhere(sw, w) + ": delta on " + device->name()));
+    return false;
+  };
   if (!wanted) {
     if (device == nullptr) {
       std::memcpy(copy, next, w.bytes);
       return false;
     }
     Status s = device->Copy(copy, next, w.bytes);  // on the stream: before anything reuses the staging
-    return s.ok() ? false : DeltaFailed(sw, ww, s);
+    return s.ok() ? false : failed(s);
   }
   uint8_t* out = next + ww.delta_at;
   const uint64_t capacity = ww.slot_bytes - delta::kSlotHeaderBytes;
@@ -239,16 +231,10 @@ bool PlanExecutor::Impl::EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64
       device == nullptr
           ? delta::EncodeAndAdvance(copy, next, w.bytes, ww.elem_bytes, out + delta::kSlotHeaderBytes, capacity)
           : device->EncodeDelta(copy, next, w.bytes, ww.elem_bytes, out + delta::kSlotHeaderBytes, capacity);
-  if (!e.ok() && device != nullptr) return DeltaFailed(sw, ww, e.status());
+  if (!e.ok() && device != nullptr) return failed(e.status());
   if (!e.ok() || !e->fits) return false;  // the copy has advanced all the same; the write goes whole
-  return SealDelta(sw, ww, e->bytes, length);
-}
-
-bool PlanExecutor::Impl::SealDelta(SourceWork& sw, const WriteWork& ww, uint64_t bytes, uint64_t* length) {
-  DeviceOps* device = options.device;
-  uint8_t* out = arena->data() + sw.chunk + ww.staging_at + ww.delta_at;
-  const delta::SlotHeader header{run_version, run_delta->base, bytes};
-  *length = delta::kSlotHeaderBytes + bytes;
+  const delta::SlotHeader header{run_version, run_delta->base, e->bytes};
+  *length = delta::kSlotHeaderBytes + e->bytes;
   if (device == nullptr) {
     delta::WriteSlotHeader(header, out);
     return true;
@@ -258,57 +244,13 @@ bool PlanExecutor::Impl::SealDelta(SourceWork& sw, const WriteWork& ww, uint64_t
   if (arena->mirror() != nullptr) {  // host staging: the engine sends the mirror's bytes
     uint8_t* mirrored = arena->mirror() + (out - arena->data());
     std::memcpy(mirrored, head, sizeof head);
-    Status s = device->ReadBack(mirrored + delta::kSlotHeaderBytes, out + delta::kSlotHeaderBytes, bytes);
-    if (!s.ok()) return DeltaFailed(sw, ww, s);
-    run_report->staged_bytes += bytes;
+    Status s = device->ReadBack(mirrored + delta::kSlotHeaderBytes, out + delta::kSlotHeaderBytes, e->bytes);
+    if (!s.ok()) return failed(s);
+    run_report->staged_bytes += e->bytes;
     return true;
   }
   Status s = device->CopyFromHost(out, head, sizeof head);
-  return s.ok() ? true : DeltaFailed(sw, ww, s);
-}
-
-// On a device: the deltas of every pending write with a copy, encoded in
-// one batch (two device waits in all), after the wait that made their bytes
-// final; PostWrites then only reads `encoded`.
-void PlanExecutor::Impl::EncodePendingOnDevice(VersionReport* report) {
-  const auto t0 = Clock::now();
-  DeviceOps* device = options.device;
-  struct Item {
-    SourceWork* sw;
-    const WriteWork* ww;
-  };
-  std::vector<Item> items;
-  std::vector<DeviceOps::DeltaJob> jobs;
-  for (SourceWork* sw : pending) {
-    for (const WriteWork& ww : sw->writes) {
-      if (ww.copy < 0) continue;
-      encoded[&ww] = 0;  // whole, unless its delta is sealed below
-      DeltaCopy& c = copies[static_cast<size_t>(ww.copy)];
-      uint8_t* next = arena->data() + sw->chunk + ww.staging_at;
-      uint8_t* copy = copy_memory.get() + c.at;
-      const bool wanted = DeltaWanted(ww);
-      c.holds = run_version;
-      if (!wanted) {
-        Status s = device->Copy(copy, next, ww.write->bytes);
-        if (!s.ok()) DeltaFailed(*sw, ww, s);
-        continue;
-      }
-      items.push_back({sw, &ww});
-      jobs.push_back({copy, next, ww.write->bytes, ww.elem_bytes, next + ww.delta_at + delta::kSlotHeaderBytes,
-                      ww.slot_bytes - delta::kSlotHeaderBytes});
-    }
-  }
-  std::vector<delta::Encoded> results(jobs.size());
-  Status s = jobs.empty() ? Status::Ok() : device->EncodeDeltas(jobs.data(), jobs.size(), results.data());
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (!s.ok()) {
-      DeltaFailed(*items[i].sw, *items[i].ww, s);
-    } else if (results[i].fits) {
-      uint64_t length = 0;
-      if (SealDelta(*items[i].sw, *items[i].ww, results[i].bytes, &length)) encoded[items[i].ww] = length;
-    }
-  }
-  report->seconds.delta += Since(t0);
+  return s.ok() ? true : failed(s);
 }
 
 StatusOr<uint64_t> PlanExecutor::Impl::ChecksumArena(uint64_t at, uint64_t bytes) {
@@ -420,10 +362,6 @@ void PlanExecutor::Impl::FlushPending(bool post) {
     HashPendingOnDevice(run_report);
     t0 = Clock::now();
   }
-  if (post && options.device != nullptr && !copies.empty() && !write_failed.load(std::memory_order_acquire)) {
-    EncodePendingOnDevice(run_report);
-    t0 = Clock::now();
-  }
   for (SourceWork* sw : pending) {
     size_t posted = 0;
     if (post && !write_failed.load(std::memory_order_acquire)) {
@@ -433,7 +371,6 @@ void PlanExecutor::Impl::FlushPending(bool post) {
     sw->hashes = nullptr;
   }
   pending.clear();
-  encoded.clear();
 }
 
 // Every pending write's hash, queued on the device after the wait that made

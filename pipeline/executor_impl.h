@@ -201,15 +201,6 @@ struct PlanExecutor::Impl {
   // the write's bytes are final (after the wait that precedes posting); a
   // device error is recorded against the write and drops the copy.
   bool EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length);
-  // Its parts: whether the controller and the copy allow a delta; the slot
-  // header (and on host staging the delta into the mirror) once encoded; a
-  // device error (the copy is unknown, the version fails). False on error.
-  bool DeltaWanted(const WriteWork& ww) const;
-  bool SealDelta(SourceWork& sw, const WriteWork& ww, uint64_t bytes, uint64_t* length);
-  bool DeltaFailed(SourceWork& sw, const WriteWork& ww, const Status& s);
-  // On a device: every pending write's delta in one batch, before posting.
-  void EncodePendingOnDevice(VersionReport* report);
-  std::unordered_map<const WriteWork*, uint64_t> encoded;  // its delta's length (0: whole), this flush
   StatusOr<transport::RemoteMemory> ImportRegion(int32_t dst_rank, const std::string& region,
                                                  const std::string& where,
                                                  std::map<std::pair<int32_t, std::string>, size_t>* regions,

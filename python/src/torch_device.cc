@@ -300,18 +300,6 @@ class TorchCudaDevice : public DeviceOps {
     if (!ran.ok()) return ran;
     return e;
   }
-  Status EncodeDeltas(const DeltaJob* jobs, size_t n, delta::Encoded* results) override {
-    std::vector<delta::EncodeJob> batch(n);
-    for (size_t i = 0; i < n; ++i)
-      batch[i] = {jobs[i].base, jobs[i].next, jobs[i].size, jobs[i].elem_bytes, jobs[i].out, jobs[i].capacity};
-    Status e = Internal("unreached");
-    Status ran = Run("delta encode", [&]() -> void* {
-      e = delta::EncodeAndAdvanceCudaBatch(batch.data(), n, results, delta_ws_,
-                                           c10::cuda::CUDAStream(stream_).stream());
-      return nullptr;
-    }).status();
-    return ran.ok() ? e : ran;
-  }
 #endif
 
   // Host staging: pinned memory of exactly the arena's size, copied into on
