@@ -899,8 +899,12 @@ TEST_P(ExecutorTest, AnUngatheredFp8SourceIsQuantizedFromTheShardItself) {
     for (int64_t row = 0; row < kRows; ++row) {
       for (int64_t c = 0; c < kCols; ++c) {
         const uint8_t q = want->q[row * kCols + c];
-        if (row < 128) ASSERT_EQ(memory[row * kCols + c], q) << row << "," << c;
-        if (row >= 128 && c >= 128) ASSERT_EQ(memory[128 * kCols + (row - 128) * 256 + (c - 128)], q) << row << "," << c;
+        if (row < 128) {
+          ASSERT_EQ(memory[row * kCols + c], q) << row << "," << c;
+        }
+        if (row >= 128 && c >= 128) {
+          ASSERT_EQ(memory[128 * kCols + (row - 128) * 256 + (c - 128)], q) << row << "," << c;
+        }
       }
     }
     float scales[6], last_two[4];
