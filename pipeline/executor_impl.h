@@ -201,6 +201,10 @@ struct PlanExecutor::Impl {
   // the write's bytes are final (after the wait that precedes posting); a
   // device error is recorded against the write and drops the copy.
   bool EncodeDelta(SourceWork& sw, const WriteWork& ww, uint64_t* length);
+  // The plan's entry for inference rank `rank`, and its descriptor of
+  // `region` (null: none, or an empty one).
+  const InferencePeer* FindPeer(int32_t rank) const;
+  const std::string* PeerDescriptor(int32_t rank, const std::string& region) const;
   StatusOr<transport::RemoteMemory> ImportRegion(int32_t dst_rank, const std::string& region,
                                                  const std::string& where,
                                                  std::map<std::pair<int32_t, std::string>, size_t>* regions,

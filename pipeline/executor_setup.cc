@@ -185,23 +185,35 @@ Status PlanExecutor::Impl::ResolveSource(size_t g, const RankSource& src,
 // A planned exchange: the peers' pieces must tile the held rows in group
 // order (they land there back to back), and what this rank sends must lie
 // inside its own shard.
+const InferencePeer* PlanExecutor::Impl::FindPeer(int32_t rank) const {
+  const InferencePeer* peer = nullptr;
+  for (const InferencePeer& p : plan->peers) {
+    if (p.rank == rank) peer = &p;
+  }
+  return peer;
+}
+
+const std::string* PlanExecutor::Impl::PeerDescriptor(int32_t rank, const std::string& region) const {
+  const InferencePeer* peer = FindPeer(rank);
+  if (peer == nullptr) return nullptr;
+  auto d = peer->region_descriptors.find(region);
+  return d == peer->region_descriptors.end() || d->second.empty() ? nullptr : &d->second;
+}
+
 StatusOr<transport::RemoteMemory> PlanExecutor::Impl::ImportRegion(
     int32_t dst_rank, const std::string& region, const std::string& where,
     std::map<std::pair<int32_t, std::string>, size_t>* regions, size_t* index) {
   auto key = std::make_pair(dst_rank, region);
   auto it = regions->find(key);
   if (it == regions->end()) {
-    const InferencePeer* peer = nullptr;
-    for (const InferencePeer& p : plan->peers) {
-      if (p.rank == dst_rank) peer = &p;
-    }
-    if (peer == nullptr) return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " is not in the plan's peers");
-    auto d = peer->region_descriptors.find(region);
-    if (d == peer->region_descriptors.end() || d->second.empty()) {
+    if (FindPeer(dst_rank) == nullptr)
+      return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " is not in the plan's peers");
+    const std::string* d = PeerDescriptor(dst_rank, region);
+    if (d == nullptr) {
       return NotFound(where + ": inference rank " + std::to_string(dst_rank) + " has no transport descriptor for region '" +
                       region + "' (has its inference agent registered memory?)");
     }
-    StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(d->second);
+    StatusOr<transport::MemoryDescriptor> desc = ParseDescriptorText(*d);
     if (!desc.ok()) return desc.status().WithContext(where);
     StatusOr<transport::RemoteMemory> remote = engine->Import(*desc);
     if (!remote.ok()) return remote.status().WithContext(where);
@@ -222,10 +234,8 @@ Status PlanExecutor::Impl::ResolveInbox(const RankWrite& w, const std::string& w
   if (slot.bytes < delta::kSlotHeaderBytes + delta::HeadBytes(w.bytes / elem) + 64) return Status::Ok();
   // A receiver without an inbox for this region takes the write whole.
   const std::string inbox_id = delta::InboxRegionId(w.region);
-  const bool has_inbox = std::any_of(plan->peers.begin(), plan->peers.end(), [&](const InferencePeer& p) {
-    return p.rank == w.dst_rank && p.region_descriptors.count(inbox_id) != 0;
-  });
-  if (!has_inbox) return Status::Ok();
+  if (regions->count({w.dst_rank, inbox_id}) == 0 && PeerDescriptor(w.dst_rank, inbox_id) == nullptr)
+    return Status::Ok();
   size_t index = 0;
   StatusOr<transport::RemoteMemory> inbox = ImportRegion(w.dst_rank, inbox_id, where, regions, &index);
   if (!inbox.ok()) return inbox.status().WithContext("its delta inbox");
