@@ -197,6 +197,7 @@ int RunBenchCluster(const BenchClusterOptions& opt) {
         if (st.ok()) {
           const nlohmann::json applied = st->raw.value("inference_stats", nlohmann::json::object());
           for (const auto& [rank, a] : applied.items()) {
+            if (!a.is_object()) continue;
             apply_bytes += a.value("write_bytes", 0.0);
             apply_seconds += a.value("apply_seconds", 0.0);
           }
